@@ -1,0 +1,42 @@
+# `make test` is all a newcomer needs: it builds .venv, installs once with its
+# test extras, and runs the whole suite (SQLite and an embedded PostgreSQL by
+# default; see README "Testing" for the machine's PostgreSQL and MariaDB).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.installed
+
+.PHONY: test check lint types bench man completions generated clean torture
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "once needs Python 3.11 or newer" or 0)'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+check: lint types
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+types: $(STAMP)
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench.py $(BENCH_ARGS)
+
+man: $(STAMP)
+	$(BIN)/python -m once._docs man > man/once.1
+
+completions: $(STAMP)
+	$(BIN)/python -m once._docs completions completions
+
+generated: man completions
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+from once.cli import main
+
+main()
