@@ -1,0 +1,167 @@
+"""Run and catch-up, composed from the period engine, the ledger and the runner.
+
+This is what `once run` does and what a Python job imports; the CLI is a thin layer over it.
+Nothing here imports SQLAlchemy or rich: it is the hot path of every cron fire.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from once.ledger import Claim, Job, Ledger, LedgerError
+from once.periods import Period, Schedule, iso
+
+if TYPE_CHECKING:
+    from once.runner import Lease
+
+# Exit statuses of `once run` that are not the child's own (CONTRACT.md).
+EXIT_USAGE = 2
+EXIT_FENCED_OUT = 70
+EXIT_LEDGER = 75
+EXIT_TIMEOUT = 124
+
+QUIET, NORMAL, VERBOSE = 0, 1, 2
+
+
+@dataclass
+class Settings:
+    """How `once run` runs a claimed period."""
+
+    kill_after: float = 10.0
+    timeout: float | None = None
+    skipped_exit_code: int = 0
+    owner: str = ""
+    verbosity: int = NORMAL
+
+    def __post_init__(self) -> None:
+        if not self.owner:
+            self.owner = default_owner()
+
+
+def default_owner() -> str:
+    """ONCE_OWNER (a pod name, say), else host name and process id."""
+    return os.environ.get("ONCE_OWNER") or f"{os.uname().nodename}:{os.getpid()}"
+
+
+def say(message: str, settings: Settings | None = None, level: int = NORMAL) -> None:
+    """One `once:` line on stderr, unless the verbosity is below its level."""
+    verbosity = settings.verbosity if settings else NORMAL
+    if verbosity >= level:
+        print(f"once: {message}", file=sys.stderr, flush=True)
+
+
+def current_period(schedule: Schedule, lag: int = 0, now: datetime | None = None) -> Period:
+    """The period `once run` claims now: the one containing now, `lag` periods back."""
+    period = schedule.containing(now or datetime.now(UTC))
+    return schedule.shifted(period, -lag) if lag else period
+
+
+def child_env(job: Job, period: Period, claim: Claim) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "ONCE_JOB": job.name,
+        "ONCE_PERIOD": period.key,
+        "ONCE_PERIOD_START": iso(period.start),
+        "ONCE_PERIOD_END": iso(period.end),
+        "ONCE_ATTEMPT": str(claim.attempt),
+        "ONCE_FENCE": str(claim.fence),
+        "ONCE_TZ": job.tz,
+    })
+    return env
+
+
+def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
+               settings: Settings, rerun_reason: str | None = None) -> int:
+    """Claim one period and, if won, run command for it; return once's exit status."""
+    what = f"{job.name} {period.key}"
+    sent = time.monotonic()
+    try:
+        claim = ledger.claim(job, period.key, period.start, period.end, settings.owner,
+                             rerun=rerun_reason is not None, reason=rerun_reason)
+    except LedgerError as exc:
+        say(f"{exc}; nothing was run")
+        return EXIT_LEDGER
+    if not claim.won:
+        return _skipped(what, claim, job, settings)
+    verb = "took over" if claim.attempt > 1 else "claimed"
+    say(f"{what}: {verb} as attempt {claim.attempt}, fence {claim.fence}, owner "
+        f"{settings.owner}", settings, level=VERBOSE if claim.attempt == 1 else NORMAL)
+    return _run_claimed(ledger, job, period, claim, command, settings, sent)
+
+
+def _skipped(what: str, claim: Claim, job: Job, settings: Settings) -> int:
+    if claim.skip_reason == "skipped-failed":
+        say(f"{what}: skipped: failed {claim.attempt} times, no attempts left of "
+            f"--max-attempts {job.max_attempts} (once rerun runs it again)", settings)
+    elif claim.skip_reason == "skipped-done":
+        say(f"{what}: skipped: done by attempt {claim.attempt}", settings, VERBOSE)
+    else:
+        age = f", heartbeat {claim.heartbeat_age:.1f}s ago" if claim.heartbeat_age else ""
+        say(f"{what}: skipped: held by {claim.owner} (attempt {claim.attempt}{age})",
+            settings, VERBOSE)
+    return settings.skipped_exit_code
+
+
+def _run_claimed(ledger: Ledger, job: Job, period: Period, claim: Claim,
+                 command: Sequence[str], settings: Settings, sent: float) -> int:
+    from once import runner  # not needed for a skip
+
+    what = f"{job.name} {period.key} attempt {claim.attempt}"
+
+    def renew() -> bool:
+        try:
+            return ledger.renew(job.name, period.key, claim.attempt)
+        except LedgerError:
+            ledger.close()  # the next renewal opens a fresh connection
+            raise
+
+    lease = runner.Lease(renew, job.stale_after, sent)
+    outcome = runner.run(command, child_env(job, period, claim), lease,
+                         settings.kill_after, settings.timeout)
+    if outcome.kind == "fenced-out":
+        why = "another attempt took it over" if lease.lost else (
+            f"the ledger stayed unreachable past the deadline ({lease.last_error})")
+        say(f"{what}: fenced out: {why}; the command was stopped and nothing was recorded")
+        return EXIT_FENCED_OUT
+    if outcome.kind == "exec-failed":
+        say(f"cannot run {command[0]!r}: {outcome.message}")
+    status = "done" if outcome.succeeded else "failed"
+    result = outcome.kind if outcome.interrupted_by is None else "interrupted"
+    recorded = _finish(ledger, job, period, claim, status, outcome.status, result, lease)
+    if recorded is None:
+        say(f"{what}: the ledger stayed unreachable, the result ({status}) was not recorded "
+            f"({lease.last_error}); the period will be retried once its claim goes stale")
+        return EXIT_LEDGER
+    if not recorded:
+        say(f"{what}: fenced out: the final write matched no row (another attempt took it "
+            f"over); nothing was recorded")
+        return EXIT_FENCED_OUT
+    if outcome.kind == "timed-out":
+        say(f"{what}: timed out after --timeout {settings.timeout:g}s; recorded failed")
+        return EXIT_TIMEOUT
+    say(f"{what}: {status} (exit {outcome.status})", settings, VERBOSE)
+    return outcome.status
+
+
+def _finish(ledger: Ledger, job: Job, period: Period, claim: Claim, status: str,
+            exit_code: int, outcome: str, lease: Lease) -> bool | None:
+    """Write the result, retrying on fresh connections until the lease's deadline.
+
+    True: recorded. False: the row is no longer ours. None: the ledger stayed unreachable.
+    """
+    while True:
+        try:
+            return ledger.finish(job.name, period.key, claim.attempt,
+                                 "done" if status == "done" else "failed", exit_code, outcome)
+        except LedgerError as exc:
+            lease.last_error = str(exc)
+            ledger.close()
+            if lease.expired:
+                return None
+            time.sleep(min(1.0, max(0.0, lease.deadline - time.monotonic())))

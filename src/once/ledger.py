@@ -1,0 +1,713 @@
+"""The ledger as `once run` speaks to it: every statement of the hot path, per dialect.
+
+This module talks to the database through the driver alone (sqlite3, psycopg 3, PyMySQL):
+importing SQLAlchemy costs about 200 ms per cron fire. SQLAlchemy Core owns the tables and
+their DDL (`once.schema`); when a statement here finds a table or column missing, the ledger
+asks `once.schema` to create or upgrade them once and tries again.
+
+Every time stored comes from the database's clock, so hosts with skewed clocks agree on
+staleness. Every decision is fenced:
+
+- a claim inserts the `(job, period)` row, or takes over a row that is `failed` with attempts
+  left or `running` with a stale heartbeat; the takeover's WHERE clause holds the very condition
+  the winner destroys, so of any number of concurrent claimers exactly one wins;
+- the job's fence counter in `once_jobs` is bumped in the claim's own transaction, so fences
+  grow strictly per job whatever the period or the machine (and claims of one job serialise on
+  that row, which also keeps MariaDB free of insert deadlocks);
+- a renewal or a finish names the attempt it owns and status `running`; zero rows means the
+  claim was lost.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Literal
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+Dialect = Literal["sqlite", "postgresql", "mysql"]
+Status = Literal["done", "failed"]
+
+TABLES = ("once_runs", "once_attempts", "once_jobs", "once_meta")
+
+
+class UrlError(ValueError):
+    """A --db URL that names no ledger once can use (a usage error, exit 2)."""
+
+
+class LedgerError(Exception):
+    """The ledger could not be reached, or answered with an error (exit 75)."""
+
+
+class SchemaMissing(LedgerError):
+    """A table or column is missing: the schema needs creating or upgrading."""
+
+
+# -- where the ledger lives ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """A parsed --db URL: which driver, how to connect, and how to name it in messages."""
+
+    dialect: Dialect
+    url: str
+    redacted: str
+    connect_args: dict[str, Any] = field(default_factory=dict)
+    path: str = ""  # SQLite only
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        """The same ledger as a SQLAlchemy URL with the driver once uses."""
+        scheme, _, rest = self.url.partition("://")
+        driver = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg", "mysql": "mysql+pymysql"}
+        if scheme.split("+")[0] == "mariadb":
+            driver["mysql"] = "mariadb+pymysql"
+        return f"{driver[self.dialect]}://{rest}"
+
+
+def default_url() -> str:
+    """The embedded default: a SQLite file under $XDG_STATE_HOME/once/."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return "sqlite:///" + os.path.join(state, "once", "ledger.db")
+
+
+def parse_url(url: str, password: str | None = None) -> Target:
+    """Read a SQLAlchemy-style URL; `password` (from --db-password-file) overrides the URL's."""
+    scheme = url.partition("://")[0].lower()
+    base = scheme.split("+")[0]
+    if "://" not in url:
+        raise UrlError(f"bad --db URL '{url}': expected sqlite:///PATH, postgresql://… or mysql://…")
+    if base == "sqlite":
+        return _sqlite_target(url)
+    if base in ("postgresql", "postgres"):
+        return _postgres_target(url, password)
+    if base in ("mysql", "mariadb"):
+        return _mysql_target(url, password)
+    raise UrlError(
+        f"unsupported --db URL scheme '{scheme}': use sqlite, postgresql, mysql or mariadb"
+    )
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced by ***; safe for any output."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo, _, hostinfo = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return parts._replace(netloc=f"{user}:***@{hostinfo}").geturl()
+
+
+def _sqlite_target(url: str) -> Target:
+    path = url.partition("://")[2]
+    if not path.startswith("/"):
+        raise UrlError(f"bad SQLite URL '{url}': write sqlite:///relative/path or sqlite:////abs")
+    path = unquote(path[1:].partition("?")[0])
+    if not path:
+        raise UrlError(f"bad SQLite URL '{url}': no file named")
+    return Target("sqlite", url, url, path=path)
+
+
+def _postgres_target(url: str, password: str | None) -> Target:
+    # libpq reads the URL itself (host=/socket, sslmode=… and friends keep working); only the
+    # SQLAlchemy driver suffix has to go.
+    conninfo = "postgresql://" + url.partition("://")[2]
+    args: dict[str, Any] = {"conninfo": conninfo}
+    if password is not None:
+        args["password"] = password
+    return Target("postgresql", url, redact(url), args)
+
+
+_MYSQL_PARAMS = {"unix_socket", "charset", "ssl_ca", "ssl_cert", "ssl_key", "connect_timeout"}
+
+
+def _mysql_target(url: str, password: str | None) -> Target:
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    unknown = set(query) - _MYSQL_PARAMS
+    if unknown:
+        raise UrlError(f"unknown MySQL URL parameter '{sorted(unknown)[0]}' in {redact(url)}")
+    try:
+        port = parts.port or 3306
+    except ValueError:
+        raise UrlError(f"bad port in --db URL {redact(url)}") from None
+    database = unquote(parts.path.lstrip("/"))
+    if not database:
+        raise UrlError(f"no database named in --db URL {redact(url)}")
+    args: dict[str, Any] = {
+        "host": parts.hostname or "localhost",
+        "port": port,
+        "user": unquote(parts.username or "root"),
+        "password": password if password is not None else unquote(parts.password or ""),
+        "database": database,
+    }
+    for name in ("unix_socket", "charset"):
+        if name in query:
+            args[name] = query[name]
+    ssl = {k[4:]: v for k, v in query.items() if k.startswith("ssl_")}
+    if ssl:
+        args["ssl"] = ssl
+    return Target("mysql", url, redact(url), args)
+
+
+# -- what the ledger answers -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as `once run` sees it: its stored name and the schedule it last ran with."""
+
+    name: str
+    kind: str  # "every" or "cron"
+    schedule: str
+    tz: str
+    lag: int = 0
+    max_attempts: int = 3
+    stale_after: float = 300.0
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The answer to a claim: won (attempt and fence are ours) or skipped, and why."""
+
+    won: bool
+    attempt: int
+    fence: int
+    status: str = "running"  # skipped: the row's status as found
+    owner: str = ""  # skipped: who holds it
+    heartbeat_age: float | None = None  # skipped: seconds since its last heartbeat
+
+    @property
+    def skip_reason(self) -> str:
+        """`skipped-done`, `skipped-held` or `skipped-failed` (attempts used up)."""
+        return {"done": "skipped-done", "failed": "skipped-failed"}.get(
+            self.status, "skipped-held"
+        )
+
+
+# -- the connection --------------------------------------------------------------------------
+
+
+class Ledger:
+    """One connection to the ledger and the few statements `once run` sends through it.
+
+    Subclasses hold the SQL text per dialect; this class holds the flow. Not thread-safe:
+    the runner's heartbeat thread and the main thread take turns, never overlap.
+    """
+
+    dialect: ClassVar[Dialect]
+    statement_timeout: float = 10.0
+
+    def __init__(self, target: Target, timeout: float = 10.0) -> None:
+        self.target = target
+        self.statement_timeout = timeout
+        self._conn: Any = None
+
+    # connection life
+
+    def connect(self) -> None:
+        """Open the connection now (the first statement would otherwise do it)."""
+        if self._conn is None:
+            with self._errors("cannot connect to"):
+                self._conn = self._open()
+
+    def reconnect(self) -> None:
+        """Drop the connection (it may be dead) and open a fresh one."""
+        self.close()
+        self.connect()
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # a dead connection may fail to close; it is gone either way
+                pass
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # the statements
+
+    def claim(self, job: Job, key: str, start: datetime, end: datetime, owner: str,
+              rerun: bool = False, reason: str | None = None) -> Claim:
+        """Insert `(job, key)` as running, or take it over; else say who holds it."""
+        params = {
+            "job": job.name, "period": key, "owner": owner, "kind": job.kind,
+            "schedule": job.schedule, "tz": job.tz, "lag": job.lag,
+            "max_attempts": job.max_attempts, "stale_after": job.stale_after,
+            "period_start": self._time(start), "period_end": self._time(end),
+            "rerun": rerun, "reason": reason,
+        }
+        return self._with_schema(lambda: self._claim(params))
+
+    def renew(self, job: str, key: str, attempt: int) -> bool:
+        """Refresh the heartbeat of our attempt; False when the row is no longer ours."""
+        params = {"job": job, "period": key, "attempt": attempt}
+        with self._errors("cannot renew the claim in"):
+            self.connect()
+            return self._renew(params)
+
+    def finish(self, job: str, key: str, attempt: int, status: Status,
+               exit_code: int | None, outcome: str) -> bool:
+        """Record done or failed for our attempt; False when the row is no longer ours.
+
+        `outcome` (done, failed, timed-out, exec-failed, interrupted) goes to the history only.
+        """
+        params = {"job": job, "period": key, "attempt": attempt, "status": status,
+                  "exit_code": exit_code, "outcome": outcome}
+        with self._errors("cannot record the result in"):
+            self.connect()
+            return self._finish(params)
+
+    # per dialect
+
+    def _open(self) -> Any:
+        raise NotImplementedError
+
+    def _claim(self, params: dict[str, Any]) -> Claim:
+        raise NotImplementedError
+
+    def _renew(self, params: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def _finish(self, params: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def _is_schema_error(self, exc: Exception) -> bool:
+        raise NotImplementedError
+
+    def _time(self, instant: datetime) -> Any:
+        """A period bound as the driver wants it: UTC."""
+        return instant.astimezone(UTC)
+
+    # plumbing
+
+    def _with_schema(self, action: Callable[[], Claim]) -> Claim:
+        with self._errors("cannot claim in"):
+            self.connect()
+            try:
+                return action()
+            except Exception as exc:
+                if not self._is_schema_error(exc):
+                    raise
+        # First use (or an older schema): create or upgrade it, then try once more.
+        from once import schema  # imported here only: it pulls in SQLAlchemy
+
+        schema.ensure(self.target)
+        with self._errors("cannot claim in"):
+            self.reconnect()
+            return action()
+
+    @contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except LedgerError:
+            raise
+        except Exception as exc:
+            raise LedgerError(f"{doing} the ledger {self.target.redacted}: {describe(exc)}") from exc
+
+
+def describe(exc: BaseException) -> str:
+    """The first line of an error, for a one-line `once:` message."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# -- SQLite ------------------------------------------------------------------------------------
+
+# SQLAlchemy stores DateTime on SQLite as text with six fractional digits; 'now' has three.
+_SQLITE_NOW = "(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')"
+
+
+class SqliteLedger(Ledger):
+    dialect = "sqlite"
+
+    UPSERT_JOB = f"""
+        INSERT INTO once_jobs (job, fence, fires, kind, schedule, tz, lag, max_attempts,
+                               stale_after, first_period_start, created_at, last_fire_at)
+        VALUES (:job, 1, 1, :kind, :schedule, :tz, :lag, :max_attempts, :stale_after,
+                :period_start, {_SQLITE_NOW}, {_SQLITE_NOW})
+        ON CONFLICT (job) DO UPDATE SET
+            fence = fence + 1, fires = fires + 1, kind = excluded.kind,
+            schedule = excluded.schedule, tz = excluded.tz, lag = excluded.lag,
+            max_attempts = excluded.max_attempts, stale_after = excluded.stale_after,
+            first_period_start = min(first_period_start, excluded.first_period_start),
+            last_fire_at = excluded.last_fire_at
+        RETURNING fence"""
+
+    CLAIM_RUN = f"""
+        INSERT INTO once_runs (job, period, status, attempt, fence, owner, period_start,
+                               period_end, started_at, heartbeat_at)
+        VALUES (:job, :period, 'running', 1, :fence, :owner, :period_start, :period_end,
+                {_SQLITE_NOW}, {_SQLITE_NOW})
+        ON CONFLICT (job, period) DO UPDATE SET
+            status = 'running', attempt = attempt + 1, fence = excluded.fence,
+            owner = excluded.owner, started_at = excluded.started_at,
+            heartbeat_at = excluded.heartbeat_at, finished_at = NULL, exit_code = NULL
+        WHERE (status = 'failed' AND attempt < :max_attempts)
+           OR (status = 'running' AND heartbeat_at <
+               strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || :stale_after || ' seconds') || '000')
+           OR (:rerun AND status IN ('done', 'failed'))
+        RETURNING attempt, fence, started_at"""
+
+    HOLDER = """
+        SELECT status, attempt, fence, owner,
+               (julianday('now') - julianday(heartbeat_at)) * 86400.0
+        FROM once_runs WHERE job = :job AND period = :period"""
+
+    LOG_ATTEMPT = """
+        INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at, reason)
+        VALUES (:job, :period, :attempt, :fence, :owner, 'running', :started_at, :reason)"""
+
+    RENEW = f"""
+        UPDATE once_runs SET heartbeat_at = {_SQLITE_NOW}
+        WHERE job = :job AND period = :period AND attempt = :attempt AND status = 'running'"""
+
+    FINISH_RUN = f"""
+        UPDATE once_runs SET status = :status, exit_code = :exit_code,
+               finished_at = {_SQLITE_NOW}, heartbeat_at = {_SQLITE_NOW}
+        WHERE job = :job AND period = :period AND attempt = :attempt AND status = 'running'"""
+
+    FINISH_ATTEMPT = """
+        UPDATE once_attempts SET status = :status, exit_code = :exit_code, outcome = :outcome,
+               finished_at = (SELECT finished_at FROM once_runs
+                              WHERE job = :job AND period = :period)
+        WHERE job = :job AND period = :period AND attempt = :attempt"""
+
+    def _open(self) -> Any:
+        import sqlite3
+
+        if self.target.path != ":memory:" and not os.path.exists(self.target.path):
+            directory = os.path.dirname(self.target.path)
+            if directory and not os.path.isdir(directory):
+                if self.target.url != default_url():
+                    raise LedgerError(
+                        f"cannot open the ledger {self.target.url}: no directory {directory}"
+                    )
+                os.makedirs(directory, exist_ok=True)
+        # isolation_level=None: we write BEGIN IMMEDIATE ourselves, so that concurrent
+        # claimers queue on SQLite's write lock (busy timeout) instead of failing on upgrade.
+        conn = sqlite3.connect(self.target.path, timeout=self.statement_timeout,
+                               isolation_level=None, check_same_thread=False)
+        return conn
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        cur = self._conn.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            yield cur
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        cur.execute("COMMIT")
+
+    def _claim(self, params: dict[str, Any]) -> Claim:
+        params = {**params, "rerun": int(params["rerun"])}
+        with self._transaction() as cur:
+            (fence,) = cur.execute(self.UPSERT_JOB, params).fetchone()
+            row = cur.execute(self.CLAIM_RUN, {**params, "fence": fence}).fetchone()
+            if row is None:
+                status, attempt, held_fence, owner, age = cur.execute(
+                    self.HOLDER, params).fetchone()
+                return Claim(False, attempt, held_fence, status, owner, age)
+            attempt, fence, started_at = row
+            cur.execute(self.LOG_ATTEMPT, {**params, "attempt": attempt, "fence": fence,
+                                           "started_at": started_at})
+        return Claim(True, attempt, fence)
+
+    def _renew(self, params: dict[str, Any]) -> bool:
+        with self._transaction() as cur:
+            return bool(cur.execute(self.RENEW, params).rowcount == 1)
+
+    def _finish(self, params: dict[str, Any]) -> bool:
+        with self._transaction() as cur:
+            if cur.execute(self.FINISH_RUN, params).rowcount != 1:
+                return False
+            cur.execute(self.FINISH_ATTEMPT, params)
+        return True
+
+    def _time(self, instant: datetime) -> Any:
+        return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+    def _is_schema_error(self, exc: Exception) -> bool:
+        text = str(exc)
+        return "no such table" in text or "no such column" in text or "has no column" in text
+
+
+# -- PostgreSQL --------------------------------------------------------------------------------
+
+
+class PostgresLedger(Ledger):
+    dialect = "postgresql"
+
+    # One statement, one round trip: bump the job's fence, insert or take over the run row,
+    # log the attempt; when nothing was won, report the row as it stood.
+    CLAIM = """
+        WITH job AS (
+            INSERT INTO once_jobs AS j (job, fence, fires, kind, schedule, tz, lag, max_attempts,
+                                        stale_after, first_period_start, created_at, last_fire_at)
+            VALUES (%(job)s, 1, 1, %(kind)s, %(schedule)s, %(tz)s, %(lag)s, %(max_attempts)s,
+                    %(stale_after)s, %(period_start)s, clock_timestamp(), clock_timestamp())
+            ON CONFLICT (job) DO UPDATE SET
+                fence = j.fence + 1, fires = j.fires + 1, kind = excluded.kind,
+                schedule = excluded.schedule, tz = excluded.tz, lag = excluded.lag,
+                max_attempts = excluded.max_attempts, stale_after = excluded.stale_after,
+                first_period_start = least(j.first_period_start, excluded.first_period_start),
+                last_fire_at = excluded.last_fire_at
+            RETURNING fence
+        ), won AS (
+            INSERT INTO once_runs AS r (job, period, status, attempt, fence, owner, period_start,
+                                        period_end, started_at, heartbeat_at)
+            SELECT %(job)s, %(period)s, 'running', 1, job.fence, %(owner)s, %(period_start)s,
+                   %(period_end)s, clock_timestamp(), clock_timestamp()
+            FROM job
+            ON CONFLICT (job, period) DO UPDATE SET
+                status = 'running', attempt = r.attempt + 1, fence = excluded.fence,
+                owner = excluded.owner, started_at = excluded.started_at,
+                heartbeat_at = excluded.heartbeat_at, finished_at = NULL, exit_code = NULL
+            WHERE (r.status = 'failed' AND r.attempt < %(max_attempts)s)
+               OR (r.status = 'running'
+                   AND r.heartbeat_at < clock_timestamp() - make_interval(secs => %(stale_after)s))
+               OR (%(rerun)s AND r.status IN ('done', 'failed'))
+            RETURNING r.attempt, r.fence, r.started_at
+        ), logged AS (
+            INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at,
+                                       reason)
+            SELECT %(job)s, %(period)s, attempt, fence, %(owner)s, 'running', started_at,
+                   %(reason)s
+            FROM won
+        )
+        SELECT true, attempt, fence, 'running', %(owner)s, 0.0 FROM won
+        UNION ALL
+        SELECT false, r.attempt, r.fence, r.status, r.owner,
+               extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8
+        FROM once_runs r
+        WHERE r.job = %(job)s AND r.period = %(period)s AND NOT EXISTS (SELECT FROM won)"""
+
+    RENEW = """
+        UPDATE once_runs SET heartbeat_at = clock_timestamp()
+        WHERE job = %(job)s AND period = %(period)s AND attempt = %(attempt)s
+          AND status = 'running'"""
+
+    FINISH = """
+        WITH fin AS (
+            UPDATE once_runs SET status = %(status)s, exit_code = %(exit_code)s,
+                   finished_at = clock_timestamp(), heartbeat_at = clock_timestamp()
+            WHERE job = %(job)s AND period = %(period)s AND attempt = %(attempt)s
+              AND status = 'running'
+            RETURNING finished_at
+        ), logged AS (
+            UPDATE once_attempts a SET status = %(status)s, exit_code = %(exit_code)s,
+                   outcome = %(outcome)s,
+                   finished_at = fin.finished_at
+            FROM fin
+            WHERE a.job = %(job)s AND a.period = %(period)s AND a.attempt = %(attempt)s
+        )
+        SELECT count(*) FROM fin"""
+
+    def _open(self) -> Any:
+        import psycopg
+
+        args = dict(self.target.connect_args)
+        conninfo = args.pop("conninfo")
+        # autocommit: each statement is its own transaction, one round trip.
+        # prepare_threshold=None: no server-side prepared statements, so PgBouncer in
+        # transaction pooling mode works.
+        return psycopg.connect(
+            conninfo, autocommit=True, prepare_threshold=None,
+            connect_timeout=max(2, round(self.statement_timeout)), **args,
+        )
+
+    def _claim(self, params: dict[str, Any]) -> Claim:
+        row = self._conn.execute(self.CLAIM, params).fetchone()
+        if row is None:  # the row was inserted by a claimer our snapshot cannot see yet
+            return Claim(False, 0, 0, "running", "another process", 0.0)
+        won, attempt, fence, status, owner, age = row
+        return Claim(won, attempt, fence, status, owner, age)
+
+    def _renew(self, params: dict[str, Any]) -> bool:
+        return bool(self._conn.execute(self.RENEW, params).rowcount == 1)
+
+    def _finish(self, params: dict[str, Any]) -> bool:
+        (count,) = self._conn.execute(self.FINISH, params).fetchone()
+        return bool(count == 1)
+
+    def _is_schema_error(self, exc: Exception) -> bool:
+        return getattr(exc, "sqlstate", None) in ("42P01", "42703")  # undefined table/column
+
+
+# -- MySQL and MariaDB -------------------------------------------------------------------------
+
+_MY_NOW = "UTC_TIMESTAMP(6)"
+_DUPLICATE_KEY, _DEADLOCK, _LOCK_WAIT = 1062, 1213, 1205
+
+
+class MysqlLedger(Ledger):
+    dialect = "mysql"
+
+    # LAST_INSERT_ID(expr) hands the new fence back in the OK packet: no extra SELECT.
+    UPSERT_JOB = f"""
+        INSERT INTO once_jobs (job, fence, fires, kind, schedule, tz, lag, max_attempts,
+                               stale_after, first_period_start, created_at, last_fire_at)
+        VALUES (%(job)s, LAST_INSERT_ID(1), 1, %(kind)s, %(schedule)s, %(tz)s, %(lag)s,
+                %(max_attempts)s, %(stale_after)s, %(period_start)s, {_MY_NOW}, {_MY_NOW})
+        ON DUPLICATE KEY UPDATE
+            fence = LAST_INSERT_ID(fence + 1), fires = fires + 1, kind = VALUES(kind),
+            schedule = VALUES(schedule), tz = VALUES(tz), lag = VALUES(lag),
+            max_attempts = VALUES(max_attempts), stale_after = VALUES(stale_after),
+            first_period_start = LEAST(first_period_start, VALUES(first_period_start)),
+            last_fire_at = VALUES(last_fire_at)"""
+
+    INSERT_RUN = f"""
+        INSERT INTO once_runs (job, period, status, attempt, fence, owner, period_start,
+                               period_end, started_at, heartbeat_at)
+        VALUES (%(job)s, %(period)s, 'running', 1, %(fence)s, %(owner)s, %(period_start)s,
+                %(period_end)s, {_MY_NOW}, {_MY_NOW})"""
+
+    TAKE_OVER = f"""
+        UPDATE once_runs SET
+            attempt = LAST_INSERT_ID(attempt + 1), status = 'running', fence = %(fence)s,
+            owner = %(owner)s, started_at = {_MY_NOW}, heartbeat_at = {_MY_NOW},
+            finished_at = NULL, exit_code = NULL
+        WHERE job = %(job)s AND period = %(period)s
+          AND ((status = 'failed' AND attempt < %(max_attempts)s)
+            OR (status = 'running'
+                AND heartbeat_at < {_MY_NOW} - INTERVAL %(stale_us)s MICROSECOND)
+            OR (%(rerun)s AND status IN ('done', 'failed')))"""
+
+    HOLDER = f"""
+        SELECT status, attempt, fence, owner,
+               TIMESTAMPDIFF(MICROSECOND, heartbeat_at, {_MY_NOW}) / 1e6
+        FROM once_runs WHERE job = %(job)s AND period = %(period)s"""
+
+    LOG_ATTEMPT = """
+        INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at, reason)
+        SELECT job, period, attempt, fence, owner, 'running', started_at, %(reason)s
+        FROM once_runs WHERE job = %(job)s AND period = %(period)s"""
+
+    RENEW = f"""
+        UPDATE once_runs SET heartbeat_at = {_MY_NOW}
+        WHERE job = %(job)s AND period = %(period)s AND attempt = %(attempt)s
+          AND status = 'running'"""
+
+    FINISH_RUN = f"""
+        UPDATE once_runs SET status = %(status)s, exit_code = %(exit_code)s,
+               finished_at = {_MY_NOW}, heartbeat_at = {_MY_NOW}
+        WHERE job = %(job)s AND period = %(period)s AND attempt = %(attempt)s
+          AND status = 'running'"""
+
+    FINISH_ATTEMPT = """
+        UPDATE once_attempts a JOIN once_runs r ON r.job = a.job AND r.period = a.period
+        SET a.status = r.status, a.exit_code = r.exit_code, a.finished_at = r.finished_at,
+            a.outcome = %(outcome)s
+        WHERE a.job = %(job)s AND a.period = %(period)s AND a.attempt = %(attempt)s"""
+
+    def _open(self) -> Any:
+        import pymysql
+        from pymysql.constants import CLIENT
+
+        # FOUND_ROWS: an UPDATE reports the rows it matched, not those it changed, so two
+        # renewals within one clock tick still say "still ours".
+        return pymysql.connect(
+            **self.target.connect_args, autocommit=False, client_flag=CLIENT.FOUND_ROWS,
+            connect_timeout=self.statement_timeout, read_timeout=self.statement_timeout,
+            write_timeout=self.statement_timeout, charset="utf8mb4",
+        )
+
+    def _claim(self, params: dict[str, Any]) -> Claim:
+        params = {**params, "rerun": int(params["rerun"]),
+                  "stale_us": int(params["stale_after"] * 1e6)}
+        for attempt in range(5):
+            try:
+                return self._claim_once(params)
+            except Exception as exc:
+                self._rollback()
+                if _mysql_code(exc) not in (_DEADLOCK, _LOCK_WAIT) or attempt == 4:
+                    raise
+                time.sleep(0.01 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def _claim_once(self, params: dict[str, Any]) -> Claim:
+        cur = self._conn.cursor()
+        cur.execute(self.UPSERT_JOB, params)
+        fence = cur.lastrowid
+        params = {**params, "fence": fence}
+        try:
+            cur.execute(self.INSERT_RUN, params)
+            attempt = 1
+        except Exception as exc:
+            # Only a duplicate key means "the row exists"; never INSERT IGNORE, which would
+            # turn a bad value or a missing column into a warning and a silent skip.
+            if _mysql_code(exc) != _DUPLICATE_KEY:
+                raise
+            if cur.execute(self.TAKE_OVER, params) != 1:
+                cur.execute(self.HOLDER, params)
+                status, attempt, held_fence, owner, age = cur.fetchone()
+                self._conn.commit()
+                return Claim(False, attempt, held_fence, status, owner, float(age))
+            attempt = cur.lastrowid
+        cur.execute(self.LOG_ATTEMPT, params)
+        self._conn.commit()
+        return Claim(True, attempt, fence)
+
+    def _renew(self, params: dict[str, Any]) -> bool:
+        try:
+            matched = self._conn.cursor().execute(self.RENEW, params)
+            self._conn.commit()
+        except Exception:
+            self._rollback()
+            raise
+        return bool(matched == 1)
+
+    def _finish(self, params: dict[str, Any]) -> bool:
+        try:
+            cur = self._conn.cursor()
+            if cur.execute(self.FINISH_RUN, params) != 1:
+                self._conn.rollback()
+                return False
+            cur.execute(self.FINISH_ATTEMPT, params)
+            self._conn.commit()
+        except Exception:
+            self._rollback()
+            raise
+        return True
+
+    def _rollback(self) -> None:
+        try:
+            self._conn.rollback()
+        except Exception:  # the connection is broken; the next statement reconnects
+            pass
+
+    def _time(self, instant: datetime) -> Any:
+        return instant.astimezone(UTC).replace(tzinfo=None)
+
+    def _is_schema_error(self, exc: Exception) -> bool:
+        return _mysql_code(exc) in (1146, 1054)  # no such table, unknown column
+
+
+def _mysql_code(exc: BaseException) -> int | None:
+    args = getattr(exc, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+LEDGERS: dict[str, type[Ledger]] = {
+    "sqlite": SqliteLedger, "postgresql": PostgresLedger, "mysql": MysqlLedger,
+}
+
+
+def open_ledger(target: Target, timeout: float = 10.0) -> Ledger:
+    """A ledger for the target's dialect; connects lazily, on the first statement."""
+    return LEDGERS[target.dialect](target, timeout)

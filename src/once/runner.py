@@ -1,0 +1,325 @@
+"""The child: start it, keep its claim alive, stop it when the claim is lost. No SQL here.
+
+Process tree while a command runs:
+
+    once (wrapper)            heartbeats, signals, timeout, deadline
+     └─ guard                 process-group leader; dies with the wrapper and takes the
+         └─ COMMAND ...       whole group with it (a shell's own children included)
+
+The guard exists because Linux delivers a parent-death signal only to the process that asked
+for it: set on COMMAND itself, a shell's grandchildren would outlive a wrapper killed by
+SIGKILL. The guard asks for SIGUSR1 when the wrapper dies and answers it by killing its own
+process group, which COMMAND and everything it starts share (unless they leave it with setsid).
+On systems without prctl (not Linux) there is no guard-side protection: COMMAND survives a
+wrapper killed by SIGKILL, and only the ledger's staleness protects the period.
+
+The wrapper forwards SIGTERM, SIGINT and SIGHUP to the group, escalates to SIGKILL after
+--kill-after, and steps down (kills the group, reports FENCED_OUT) when a renewal finds the row
+taken or when renewals keep failing past the local deadline: the moment the last successful
+renewal was *sent* plus --stale-after, on the monotonic clock.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1
+
+Kind = Literal["exited", "signaled", "exec-failed", "timed-out", "fenced-out"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the command ended, kept apart as runitor does: exit, signal, exec failure, ours."""
+
+    kind: Kind
+    status: int  # the command's status as a shell reports it (128+N for signal N)
+    interrupted_by: int | None = None  # a signal we forwarded to it
+    message: str = ""
+
+    @property
+    def succeeded(self) -> bool:
+        return self.kind == "exited" and self.status == 0 and self.interrupted_by is None
+
+
+class Lease:
+    """The claim as its owner sees it: renewed by a callback, lost on 'no row' or deadline."""
+
+    def __init__(self, renew: Callable[[], bool], stale_after: float, sent_at: float) -> None:
+        self._renew = renew
+        self.stale_after = stale_after
+        self.deadline = sent_at + stale_after
+        self.lost = False
+        self.last_error: str = ""
+
+    @property
+    def interval(self) -> float:
+        return self.stale_after / 3
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def renew_once(self) -> bool:
+        """One renewal; True when it succeeded. Sets `lost` when the row is no longer ours."""
+        sent = time.monotonic()
+        try:
+            ours = self._renew()
+        except Exception as exc:  # unreachable ledger: keep trying until the deadline
+            self.last_error = str(exc)
+            return False
+        if ours:
+            self.deadline = max(self.deadline, sent + self.stale_after)
+        else:
+            self.lost = True
+        return ours
+
+
+def run(
+    command: Sequence[str],
+    env: dict[str, str],
+    lease: Lease | None,
+    kill_after: float = 10.0,
+    timeout: float | None = None,
+) -> Outcome:
+    """Run command to its end (or ours) under lease; return how it ended."""
+    tty = _foreground_tty()
+    guard, report = _spawn_guard(list(command), env, tty)
+    try:
+        return _Supervisor(guard, report, lease, kill_after, timeout).wait()
+    finally:
+        os.close(report)
+        if tty is not None:
+            _take_terminal(tty, os.getpgrp())
+
+
+# -- the wrapper's side ------------------------------------------------------------------------
+
+
+class _Supervisor:
+    def __init__(self, guard: int, report: int, lease: Lease | None, kill_after: float,
+                 timeout: float | None) -> None:
+        self.guard, self.report = guard, report
+        self.lease, self.kill_after = lease, kill_after
+        self.started = time.monotonic()
+        self.timeout_at = self.started + timeout if timeout else None
+        self.kill_at: float | None = None
+        self.why: Kind | None = None  # timed-out or fenced-out, once we decided to stop it
+        self.forwarded: int | None = None
+        self.pending: list[int] = []
+        self.stop_heartbeat = threading.Event()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+
+    def wait(self) -> Outcome:
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED}
+        old_wakeup = signal.set_wakeup_fd(self.wake_w)
+        beat = threading.Thread(target=self._heartbeat, daemon=True)
+        if self.lease is not None:
+            beat.start()
+        try:
+            text = self._loop()
+        finally:
+            self.stop_heartbeat.set()
+            signal.set_wakeup_fd(old_wakeup)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if beat.is_alive():
+                beat.join()
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+        return self._outcome(text)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.pending.append(signum)
+
+    def _heartbeat(self) -> None:
+        assert self.lease is not None
+        lease = self.lease
+        wait = lease.interval
+        while not self.stop_heartbeat.wait(wait):
+            ok = lease.renew_once()
+            if lease.lost or lease.expired:
+                os.write(self.wake_w, b"h")
+                return
+            # After a failure, retry sooner, but never hammer a dead server.
+            wait = lease.interval if ok else min(lease.interval, 1.0)
+
+    def _loop(self) -> str:
+        """Wait for the guard's report while acting on signals, timers and the lease."""
+        chunks = b""
+        while True:
+            readable, _, _ = select.select([self.report, self.wake_r], [], [], self._next_timer())
+            if self.wake_r in readable:
+                os.read(self.wake_r, 512)
+            self._act()
+            if self.report in readable:
+                data = os.read(self.report, 512)
+                chunks += data
+                if not data:  # the guard is gone: its report, if any, is complete
+                    self._reap_guard_status()
+                    return chunks.decode() or self._guard_death()
+
+    def _next_timer(self) -> float:
+        now = time.monotonic()
+        times = [t for t in (self.timeout_at, self.kill_at) if t is not None]
+        if self.lease is not None and self.why is None:
+            times.append(self.lease.deadline)
+        return max(0.0, min(times) - now) if times else 3600.0
+
+    def _act(self) -> None:
+        now = time.monotonic()
+        while self.pending:
+            sig = self.pending.pop(0)
+            self.forwarded = sig
+            self._stop(sig)
+        lease = self.lease
+        if lease is not None and self.why is None and (lease.lost or lease.expired):
+            self.why = "fenced-out"
+            self._stop(signal.SIGTERM)
+        if self.timeout_at is not None and now >= self.timeout_at and self.why is None:
+            self.why = "timed-out"
+            self._stop(signal.SIGTERM)
+        if self.kill_at is not None and now >= self.kill_at:
+            self._killpg(signal.SIGKILL)
+            self.kill_at = None
+
+    def _stop(self, sig: int) -> None:
+        """Send sig to the command's group now; SIGKILL follows after --kill-after."""
+        self._killpg(sig)
+        if self.kill_at is None:
+            self.kill_at = time.monotonic() + self.kill_after
+
+    def _killpg(self, sig: int) -> None:
+        try:
+            os.killpg(self.guard, sig)
+        except ProcessLookupError:
+            pass
+
+    def _reap_guard_status(self) -> None:
+        self.guard_status: int | None = None
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                return
+            if pid == self.guard:
+                self.guard_status = status
+                return
+
+    def _guard_death(self) -> str:
+        """The guard ended without a report: it was killed, with the whole group."""
+        status = getattr(self, "guard_status", None)
+        if status is not None and os.WIFSIGNALED(status):
+            return f"signal {os.WTERMSIG(status)}"
+        return "signal 9"
+
+    def _outcome(self, report: str) -> Outcome:
+        word, _, value = report.strip().partition(" ")
+        number = int(value) if value.lstrip("-").isdigit() else 1
+        if word == "exec":
+            code = 127 if number == errno.ENOENT else 126
+            return Outcome("exec-failed", code, message=os.strerror(number))
+        status = 128 + number if word == "signal" else number
+        kind: Kind = self.why or ("signaled" if word == "signal" else "exited")
+        return Outcome(kind, status, self.forwarded)
+
+
+def _foreground_tty() -> int | None:
+    """fd 0 when we run in the foreground of a terminal (the command should, too)."""
+    try:
+        if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
+            return 0
+    except OSError:
+        pass
+    return None
+
+
+def _take_terminal(tty: int, pgrp: int) -> None:
+    # A background group that calls tcsetpgrp gets SIGTTOU unless it blocks it.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
+    try:
+        os.tcsetpgrp(tty, pgrp)
+    except OSError:
+        pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+# -- the guard's side --------------------------------------------------------------------------
+
+
+def _spawn_guard(command: list[str], env: dict[str, str], tty: int | None) -> tuple[int, int]:
+    """Fork the guard (before any thread starts); return its pid and its report pipe."""
+    report_r, report_w = os.pipe()
+    wrapper = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            os.close(report_r)
+            code = _guard(command, env, tty, wrapper, report_w)
+        finally:
+            os._exit(code)
+    os.close(report_w)
+    # Set the group from both sides, so that killpg(pid) works whoever runs first.
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass
+    return pid, report_r
+
+
+def _guard(command: list[str], env: dict[str, str], tty: int | None, wrapper: int,
+           report: int) -> int:
+    import subprocess
+
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGUSR1, _wrapper_died)
+    for sig in FORWARDED:  # the command gets these itself: it shares our group
+        signal.signal(sig, _ignore)
+    _set_parent_death_signal(signal.SIGUSR1)
+    if os.getppid() != wrapper:  # the wrapper died before the signal was armed
+        _wrapper_died(signal.SIGUSR1, None)
+    if tty is not None:
+        _take_terminal(tty, os.getpgrp())
+    try:
+        # Handlers set above reset to default in the command on exec; nothing is ignored
+        # or blocked, so the command starts with a clean signal state.
+        child = subprocess.Popen(command, env=env)
+    except OSError as exc:
+        os.write(report, f"exec {exc.errno or errno.ENOEXEC}\n".encode())
+        return 0
+    status = os.waitpid(child.pid, 0)[1]
+    if os.WIFSIGNALED(status):
+        os.write(report, f"signal {os.WTERMSIG(status)}\n".encode())
+    else:
+        os.write(report, f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+    return 0
+
+
+def _ignore(_signum: int, _frame: object) -> None:
+    pass
+
+
+def _wrapper_died(_signum: int, _frame: object) -> None:
+    os.killpg(0, signal.SIGKILL)  # the command, its children, and this guard
+
+
+def _set_parent_death_signal(sig: int) -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        pass

@@ -1,0 +1,253 @@
+"""The ledger's tables, in SQLAlchemy Core, and the DDL that creates or upgrades them.
+
+`once_runs` is public (CONTRACT.md): one row per (job, period), the attempt that owns it.
+`once_attempts` keeps every attempt, `once_jobs` the fence counter and the schedule each job
+last ran with (so reports know which periods were expected), `once_meta` the schema version.
+
+Creation is safe under concurrent first use: it runs under a lock that only one process holds
+at a time (PostgreSQL advisory lock, MySQL GET_LOCK, SQLite's write lock), and it only creates
+what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Engine,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    select,
+    text,
+)
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.pool import NullPool
+from sqlalchemy.schema import CreateIndex, CreateTable
+
+from once.ledger import LedgerError, Target, describe
+
+SCHEMA_VERSION = 1
+
+# Times are UTC instants: timestamptz on PostgreSQL, DATETIME(6) (UTC by convention, written
+# with UTC_TIMESTAMP(6)) on MySQL/MariaDB, ISO text on SQLite.
+UtcTime = DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+# Keys compare byte for byte everywhere: binary collation on MySQL/MariaDB.
+Key = String(255).with_variant(
+    mysql.VARCHAR(255, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
+)
+
+metadata = MetaData()
+_mysql = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
+
+runs = Table(
+    "once_runs", metadata,
+    Column("job", Key, primary_key=True),
+    Column("period", Key, primary_key=True),
+    Column("status", String(16), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("fence", BigInteger, nullable=False),
+    Column("owner", String(255), nullable=False),
+    Column("period_start", UtcTime, nullable=False),
+    Column("period_end", UtcTime, nullable=False),
+    Column("started_at", UtcTime, nullable=False),
+    Column("heartbeat_at", UtcTime, nullable=False),
+    Column("finished_at", UtcTime, nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Index("once_runs_job_status", "job", "status"),
+    **_mysql,
+)
+
+attempts = Table(
+    "once_attempts", metadata,
+    Column("job", Key, primary_key=True),
+    Column("period", Key, primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("fence", BigInteger, nullable=False),
+    Column("owner", String(255), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("started_at", UtcTime, nullable=False),
+    Column("finished_at", UtcTime, nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Column("outcome", String(16), nullable=True),
+    Column("reason", Text, nullable=True),
+    Index("once_attempts_job_started", "job", "started_at"),
+    **_mysql,
+)
+
+jobs = Table(
+    "once_jobs", metadata,
+    Column("job", Key, primary_key=True),
+    Column("fence", BigInteger, nullable=False),
+    Column("fires", BigInteger, nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("schedule", String(255), nullable=False),
+    Column("tz", String(64), nullable=False),
+    Column("lag", Integer, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("stale_after", Float, nullable=False),
+    Column("first_period_start", UtcTime, nullable=False),
+    Column("created_at", UtcTime, nullable=False),
+    Column("last_fire_at", UtcTime, nullable=False),
+    **_mysql,
+)
+
+meta = Table(
+    "once_meta", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", String(255), nullable=False),
+    **_mysql,
+)
+
+DIALECTS: dict[str, Dialect] = {
+    "sqlite": sqlite.dialect(),
+    "postgresql": postgresql.dialect(),
+    "mysql": mysql.dialect(),
+}
+
+
+def ddl(dialect: str) -> Iterator[str]:
+    """The CREATE statements for a dialect, without touching any database."""
+    target = DIALECTS[dialect]
+    for table in metadata.sorted_tables:
+        yield str(CreateTable(table, if_not_exists=True).compile(dialect=target)).strip()
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            yield str(CreateIndex(index, if_not_exists=True).compile(dialect=target)).strip()
+
+
+def engine(target: Target) -> Engine:
+    """A SQLAlchemy engine on the ledger (NullPool: a CLI opens one connection and leaves)."""
+    eng = create_engine(target.sqlalchemy_url, poolclass=NullPool, **_engine_args(target))
+    if target.dialect == "sqlite":
+        # pysqlite would not open a transaction before DDL; take SQLite's write lock up front
+        # so that concurrent first uses queue instead of racing.
+        @event.listens_for(eng, "connect")
+        def _no_implicit_transactions(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+            dbapi_conn.isolation_level = None
+
+        @event.listens_for(eng, "begin")
+        def _begin_immediate(conn):  # type: ignore[no-untyped-def]
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return eng
+
+
+def _engine_args(target: Target) -> dict[str, object]:
+    if target.dialect == "sqlite":
+        return {"connect_args": {"timeout": 30}}
+    if target.dialect == "postgresql":
+        args = {k: v for k, v in target.connect_args.items() if k != "conninfo"}
+        return {"connect_args": {"prepare_threshold": None, "connect_timeout": 10, **args}}
+    args = {k: v for k, v in target.connect_args.items() if k == "password"}
+    return {"connect_args": {"connect_timeout": 10, "charset": "utf8mb4", **args}}
+
+
+def ensure(target: Target) -> None:
+    """Create or upgrade the ledger's tables; safe when many processes do it at once."""
+    try:
+        _prepare_sqlite_file(target)
+        eng = engine(target)
+        try:
+            with eng.begin() as conn:
+                _lock(conn, target)
+                try:
+                    metadata.create_all(conn, checkfirst=True)
+                    _upgrade(conn)
+                finally:
+                    _unlock(conn, target)
+        finally:
+            eng.dispose()
+    except LedgerError:
+        raise
+    except Exception as exc:
+        raise LedgerError(
+            f"cannot create the ledger's tables in {target.redacted}: {describe(exc)}"
+        ) from exc
+
+
+def _lock(conn: Connection, target: Target) -> None:
+    if target.dialect == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(7310504102)"))
+    elif target.dialect == "mysql":
+        got = conn.execute(text("SELECT GET_LOCK('once_schema', 60)")).scalar()
+        if got != 1:
+            raise LedgerError(f"timed out waiting for the schema lock in {target.redacted}")
+
+
+def _unlock(conn: Connection, target: Target) -> None:
+    if target.dialect == "mysql":
+        conn.execute(text("SELECT RELEASE_LOCK('once_schema')"))
+
+
+def _upgrade(conn: Connection) -> None:
+    """Bring an older schema up to SCHEMA_VERSION, one numbered step at a time."""
+    stored = conn.execute(select(meta.c.value).where(meta.c.name == "schema_version")).scalar()
+    if stored is None:
+        conn.execute(meta.insert().values(name="schema_version", value=str(SCHEMA_VERSION)))
+        return
+    version = int(stored)
+    if version > SCHEMA_VERSION:
+        raise LedgerError(
+            f"the ledger's schema is version {version}, newer than this once knows "
+            f"({SCHEMA_VERSION}): upgrade once"
+        )
+    # Steps go here as the schema grows: `if version < 2: conn.execute(...)`.
+    if version < SCHEMA_VERSION:
+        conn.execute(
+            meta.update().where(meta.c.name == "schema_version").values(value=str(SCHEMA_VERSION))
+        )
+
+
+def _prepare_sqlite_file(target: Target) -> None:
+    """WAL for concurrent readers; a warning when the file sits on a network filesystem."""
+    if target.dialect != "sqlite" or target.path == ":memory:":
+        return
+    import sqlite3
+    import sys
+
+    directory = os.path.dirname(os.path.abspath(target.path))
+    os.makedirs(directory, exist_ok=True)
+    fstype = filesystem_type(directory)
+    if fstype in NETWORK_FILESYSTEMS:
+        print(
+            f"once: warning: the SQLite ledger {target.path} is on a network filesystem "
+            f"({fstype}); its locks are unreliable there: use PostgreSQL or MySQL for a fleet",
+            file=sys.stderr,
+        )
+    conn = sqlite3.connect(target.path, timeout=30)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+    finally:
+        conn.close()
+
+
+NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "9p", "afs",
+                       "ceph", "glusterfs", "fuse.glusterfs", "lustre"}
+
+
+def filesystem_type(path: str) -> str:
+    """The type of the filesystem that holds path, from /proc/self/mountinfo ('' if unknown)."""
+    best, fstype = "", ""
+    try:
+        with open("/proc/self/mountinfo") as mounts:
+            for line in mounts:
+                fields = line.split()
+                mount_point = fields[4]
+                kind = fields[fields.index("-") + 1]
+                inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
+                if inside and len(mount_point) >= len(best):
+                    best, fstype = mount_point, kind
+    except (OSError, ValueError, IndexError):
+        return ""
+    return fstype

