@@ -139,7 +139,7 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
                              verbosity=core.QUIET if quiet else core.NORMAL + min(verbose, 1))
     period = core.current_period(sched, lag)
     with ledger_for(target, stale_after) as ledger:
-        return core.run_period(ledger, the_job, period, command, settings)
+        return core.run_period(ledger, the_job, period, command, settings).status
 
 
 def core_job(name: str, namespace: str | None, sched: Any, lag: int, max_attempts: int,

@@ -76,9 +76,25 @@ def child_env(job: Job, period: Period, claim: Claim) -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class Result:
+    """What became of one period: its outcome (ONCE_OUTCOME's words) and once's exit status."""
+
+    outcome: str  # done, failed, timed-out, fenced-out, skipped-*, unreachable
+    status: int
+
+    @property
+    def ran(self) -> bool:
+        return not self.outcome.startswith("skipped")
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in ("done", "skipped-done", "skipped-held", "skipped-failed")
+
+
 def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
-               settings: Settings, rerun_reason: str | None = None) -> int:
-    """Claim one period and, if won, run command for it; return once's exit status."""
+               settings: Settings, rerun_reason: str | None = None) -> Result:
+    """Claim one period and, if won, run command for it."""
     what = f"{job.name} {period.key}"
     sent = time.monotonic()
     try:
@@ -86,7 +102,7 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
                              rerun=rerun_reason is not None, reason=rerun_reason)
     except LedgerError as exc:
         say(f"{exc}; nothing was run")
-        return EXIT_LEDGER
+        return Result("unreachable", EXIT_LEDGER)
     if not claim.won:
         return _skipped(what, claim, job, settings)
     verb = "took over" if claim.attempt > 1 else "claimed"
@@ -95,7 +111,7 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
     return _run_claimed(ledger, job, period, claim, command, settings, sent)
 
 
-def _skipped(what: str, claim: Claim, job: Job, settings: Settings) -> int:
+def _skipped(what: str, claim: Claim, job: Job, settings: Settings) -> Result:
     if claim.skip_reason == "skipped-failed":
         say(f"{what}: skipped: failed {claim.attempt} times, no attempts left of "
             f"--max-attempts {job.max_attempts} (once rerun runs it again)", settings)
@@ -105,11 +121,11 @@ def _skipped(what: str, claim: Claim, job: Job, settings: Settings) -> int:
         age = f", heartbeat {claim.heartbeat_age:.1f}s ago" if claim.heartbeat_age else ""
         say(f"{what}: skipped: held by {claim.owner} (attempt {claim.attempt}{age})",
             settings, VERBOSE)
-    return settings.skipped_exit_code
+    return Result(claim.skip_reason, settings.skipped_exit_code)
 
 
 def _run_claimed(ledger: Ledger, job: Job, period: Period, claim: Claim,
-                 command: Sequence[str], settings: Settings, sent: float) -> int:
+                 command: Sequence[str], settings: Settings, sent: float) -> Result:
     from once import runner  # not needed for a skip
 
     what = f"{job.name} {period.key} attempt {claim.attempt}"
@@ -128,7 +144,7 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, claim: Claim,
         why = "another attempt took it over" if lease.lost else (
             f"the ledger stayed unreachable past the deadline ({lease.last_error})")
         say(f"{what}: fenced out: {why}; the command was stopped and nothing was recorded")
-        return EXIT_FENCED_OUT
+        return Result("fenced-out", EXIT_FENCED_OUT)
     if outcome.kind == "exec-failed":
         say(f"cannot run {command[0]!r}: {outcome.message}")
     status = "done" if outcome.succeeded else "failed"
@@ -137,16 +153,16 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, claim: Claim,
     if recorded is None:
         say(f"{what}: the ledger stayed unreachable, the result ({status}) was not recorded "
             f"({lease.last_error}); the period will be retried once its claim goes stale")
-        return EXIT_LEDGER
+        return Result("unreachable", EXIT_LEDGER)
     if not recorded:
         say(f"{what}: fenced out: the final write matched no row (another attempt took it "
             f"over); nothing was recorded")
-        return EXIT_FENCED_OUT
+        return Result("fenced-out", EXIT_FENCED_OUT)
     if outcome.kind == "timed-out":
         say(f"{what}: timed out after --timeout {settings.timeout:g}s; recorded failed")
-        return EXIT_TIMEOUT
+        return Result("timed-out", EXIT_TIMEOUT)
     say(f"{what}: {status} (exit {outcome.status})", settings, VERBOSE)
-    return outcome.status
+    return Result(status, outcome.status)
 
 
 def _finish(ledger: Ledger, job: Job, period: Period, claim: Claim, status: str,
