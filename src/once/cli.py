@@ -96,30 +96,49 @@ def cli() -> None:
 # -- once run --------------------------------------------------------------------------------
 
 
+def liveness_options(func: F) -> F:
+    """The options `once run` shares with `once catchup`."""
+    options = [
+        click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0),
+                     help="Claim the period N periods before the current one."),
+        click.option("--stale-after", default="5m", show_default=True, type=DURATION,
+                     help="A running claim whose heartbeat is older than this may be taken "
+                          "over; the owner renews it every third of this."),
+        click.option("--kill-after", default="10s", show_default=True, type=DURATION,
+                     help="SIGKILL the command this long after SIGTERM."),
+        click.option("--timeout", type=DURATION,
+                     help="SIGTERM the command when it runs longer; record failed, exit 124."),
+        click.option("--max-attempts", default=3, show_default=True,
+                     type=click.IntRange(min=1),
+                     help="Retry a failed period until this many attempts have run."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def verbosity_options(func: F) -> F:
+    func = click.option("-q", "--quiet", is_flag=True, help="Log only errors.")(func)
+    return click.option("-v", "--verbose", count=True, help="Also log claims and skips.")(func)
+
+
 @cli.command(context_settings={"allow_interspersed_args": False})
 @click.option("--job", required=True, metavar="NAME", help="Job name (1-200 printable "
               "characters, no whitespace).")
 @schedule_options
 @ledger_options
-@click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Claim the period N periods before the current one.")
-@click.option("--stale-after", default="5m", show_default=True, type=DURATION,
-              help="A running claim whose heartbeat is older than this may be taken over.")
-@click.option("--kill-after", default="10s", show_default=True, type=DURATION,
-              help="SIGKILL the command this long after SIGTERM.")
-@click.option("--timeout", type=DURATION, help="SIGTERM the command when it runs longer; "
-              "exit 124.")
-@click.option("--max-attempts", default=3, show_default=True, type=click.IntRange(min=1),
-              help="Retry a failed period until this many attempts have run.")
+@liveness_options
+@click.option("--catchup", default=0, show_default=True, type=click.IntRange(min=0),
+              help="First make up to N missed periods after the latest done one, oldest "
+                   "first.")
 @click.option("--skipped-exit-code", default=0, show_default=True,
               type=click.IntRange(0, 255), help="Exit status when the period is skipped.")
-@click.option("-v", "--verbose", count=True, help="Also log claims and skips.")
-@click.option("-q", "--quiet", is_flag=True, help="Log only errors.")
+@verbosity_options
 @command_argument
 def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
         db_password_file: str | None, namespace: str | None, lag: int, stale_after: float,
-        kill_after: float, timeout: float | None, max_attempts: int, skipped_exit_code: int,
-        verbose: int, quiet: bool, command: tuple[str, ...]) -> int:
+        kill_after: float, timeout: float | None, max_attempts: int, catchup: int,
+        skipped_exit_code: int, verbose: int, quiet: bool, command: tuple[str, ...]) -> int:
     """Claim the current period of JOB and, if this call wins it, run COMMAND.
 
     COMMAND runs directly (no shell) with ONCE_JOB, ONCE_PERIOD, ONCE_PERIOD_START,
@@ -136,10 +155,151 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
     target = open_target(db, db_password_file)
     settings = core.Settings(kill_after=kill_after, timeout=timeout,
                              skipped_exit_code=skipped_exit_code,
-                             verbosity=core.QUIET if quiet else core.NORMAL + min(verbose, 1))
+                             verbosity=_verbosity(verbose, quiet))
     period = core.current_period(sched, lag)
     with ledger_for(target, stale_after) as ledger:
+        if catchup:
+            try:
+                missed = core.missing_periods(ledger, the_job, sched, None,
+                                              sched.previous(period))[:catchup]
+            except core.NothingToResume:
+                missed = []  # a first run has nothing to make up
+            status = core.catch_up(ledger, the_job, missed, command, settings)
+            if status:
+                return status
         return core.run_period(ledger, the_job, period, command, settings).status
+
+
+def _verbosity(verbose: int, quiet: bool) -> int:
+    from once import core
+
+    return core.QUIET if quiet else core.NORMAL + min(verbose, 1)
+
+
+@cli.command(context_settings={"allow_interspersed_args": False})
+@click.option("--job", required=True, metavar="NAME", help="Job name.")
+@schedule_options
+@ledger_options
+@click.option("--since", metavar="P", help="First period: a key, a date or an ISO instant "
+              "[default: the period after the latest done one].")
+@click.option("--until", metavar="P", help="Last period, included [default: the period "
+              "once run would claim now].")
+@click.option("--max", "max_count", type=click.IntRange(min=1),
+              help="Run at most the N oldest missing periods.")
+@click.option("--keep-going", is_flag=True, help="Go on after a failed period; exit with the "
+              "first failure's status.")
+@click.option("--dry-run", is_flag=True, help="List the periods that would run; run nothing.")
+@liveness_options
+@verbosity_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARG]...")
+def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
+            db_password_file: str | None, namespace: str | None, since: str | None,
+            until: str | None, max_count: int | None, keep_going: bool, dry_run: bool,
+            lag: int, stale_after: float, kill_after: float, timeout: float | None,
+            max_attempts: int, verbose: int, quiet: bool, command: tuple[str, ...]) -> int:
+    """Run COMMAND for every period in [--since, --until] that has no done row, oldest first.
+
+    Each period is claimed exactly as once run claims it, so catch-ups on several machines
+    split the work and never run a period twice. Stops at the first failure with its status
+    unless --keep-going.
+    """
+    from once import core
+    from once.periods import iso
+    from once.periods import schedule as make_schedule
+
+    if not command and not dry_run:
+        raise click.UsageError("no command given: once catchup ... -- COMMAND [ARG]...")
+    sched = make_schedule(every, cron, tz)
+    the_job = core_job(job, namespace, sched, lag, max_attempts, stale_after)
+    target = open_target(db, db_password_file)
+    first = sched.resolve(since) if since else None
+    last = sched.resolve(until) if until else core.current_period(sched, lag)
+    with ledger_for(target, stale_after) as ledger:
+        try:
+            todo = core.missing_periods(ledger, the_job, sched, first, last)
+        except core.NothingToResume as exc:
+            raise click.UsageError(str(exc)) from None
+        todo = todo[:max_count] if max_count else todo
+        if dry_run:
+            for period in todo:
+                click.echo(f"{period.key} {iso(period.start)} {iso(period.end)}")
+            return 0
+        settings = core.Settings(kill_after=kill_after, timeout=timeout,
+                                 verbosity=_verbosity(verbose, quiet))
+        return core.catch_up(ledger, the_job, todo, command, settings, keep_going,
+                             _progress(quiet))
+
+
+def _progress(quiet: bool) -> Any:
+    """A rich progress bar on a terminal; plain lines in a pipe; nothing with --quiet."""
+    from once import core
+
+    if quiet:
+        return _SilentProgress()
+    if sys.stderr.isatty():
+        from once.progress import BarProgress
+
+        return BarProgress()
+    return core.Progress()
+
+
+class _SilentProgress:
+    def start(self, total: int) -> None:
+        pass
+
+    def period(self, period: Any) -> None:
+        pass
+
+    def result(self, period: Any, result: Any, seconds: float) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+EXIT_REFUSED = 69
+
+
+@cli.command(context_settings={"allow_interspersed_args": False})
+@click.option("--job", required=True, metavar="NAME", help="Job name.")
+@click.option("--period", "key", required=True, metavar="KEY", help="The period's key.")
+@click.option("--reason", metavar="TEXT", help="Why, kept in the history.")
+@ledger_options
+@click.option("--kill-after", default="10s", show_default=True, type=DURATION,
+              help="SIGKILL the command this long after SIGTERM.")
+@click.option("--timeout", type=DURATION, help="SIGTERM the command when it runs longer.")
+@verbosity_options
+@command_argument
+def rerun(job: str, key: str, reason: str | None, db: str | None,
+          db_password_file: str | None, namespace: str | None, kill_after: float,
+          timeout: float | None, verbose: int, quiet: bool, command: tuple[str, ...]) -> int:
+    """Run a done or failed period again, as a new attempt with a new fence.
+
+    The job's schedule and zone come from the ledger (as its latest once run left them).
+    Refused, with status 69, while a live attempt holds the period.
+    """
+    from once import core
+    from once.periods import schedule as make_schedule
+
+    name = stored_name(job, namespace)
+    target = open_target(db, db_password_file)
+    with ledger_for(target) as ledger:
+        the_job = ledger.job_info(name)
+        if the_job is None:
+            raise click.UsageError(f"unknown job {name!r}: it has never run in "
+                                   f"{target.redacted}")
+        sched = make_schedule(the_job.schedule if the_job.kind == "every" else None,
+                              the_job.schedule if the_job.kind == "cron" else None, the_job.tz)
+        period = sched.from_key(key)
+        settings = core.Settings(kill_after=kill_after, timeout=timeout,
+                                 verbosity=_verbosity(verbose, quiet))
+        result = core.run_period(ledger, the_job, period, command, settings,
+                                 rerun_reason=reason or "once rerun")
+    if result.outcome == "skipped-held":
+        core.say(f"{name} {key}: rerun refused: a live attempt holds it; try again when it "
+                 f"has finished")
+        return EXIT_REFUSED
+    return result.status
 
 
 def core_job(name: str, namespace: str | None, sched: Any, lag: int, max_attempts: int,

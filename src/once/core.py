@@ -181,3 +181,74 @@ def _finish(ledger: Ledger, job: Job, period: Period, claim: Claim, status: str,
             if lease.expired:
                 return None
             time.sleep(min(1.0, max(0.0, lease.deadline - time.monotonic())))
+
+
+# -- catch-up and rerun ----------------------------------------------------------------------
+
+
+class NothingToResume(ValueError):
+    """Catch-up without --since for a job that has no done period yet (a usage error)."""
+
+
+def missing_periods(ledger: Ledger, job: Job, schedule: Schedule, since: Period | None,
+                    until: Period) -> list[Period]:
+    """The periods in [since, until] without a done row, oldest first.
+
+    since defaults to the period after the job's latest done one.
+    """
+    if since is None:
+        last = ledger.latest_done(job.name)
+        if last is None:
+            raise NothingToResume(f"job {job.name} has no done period yet: give --since")
+        since = schedule.next(schedule.containing(last))
+    if since.start > until.start:
+        return []
+    known = ledger.statuses(job.name, since.start, until.end)
+    return [p for p in schedule.between(since, until) if known.get(p.key) != "done"]
+
+
+class Progress:
+    """How catch-up reports each period: one plain line per period (a terminal may do more)."""
+
+    def start(self, total: int) -> None:
+        pass
+
+    def period(self, period: Period) -> None:
+        pass
+
+    def result(self, period: Period, result: Result, seconds: float) -> None:
+        verb = {"done": "done", "failed": "failed", "timed-out": "timed out",
+                "fenced-out": "fenced out"}.get(result.outcome, result.outcome)
+        print(f"once: {period.key}: {verb} (exit {result.status}, {seconds:.1f}s)"
+              if result.ran else f"once: {period.key}: {verb}", file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        pass
+
+
+def catch_up(ledger: Ledger, job: Job, periods: Sequence[Period], command: Sequence[str],
+             settings: Settings, keep_going: bool = False,
+             progress: Progress | None = None) -> int:
+    """Run each period in order through the same claim as `once run`; return the status.
+
+    Stops at the first failure with its status, unless keep_going: then every period is tried
+    and the status is the first failure's (0 when none failed). A period held by a live owner
+    is skipped and reported; the ledger unreachable ends it with 75.
+    """
+    progress = progress or Progress()
+    first_failure = 0
+    progress.start(len(periods))
+    try:
+        for period in periods:
+            progress.period(period)
+            began = time.monotonic()
+            result = run_period(ledger, job, period, command, settings)
+            progress.result(period, result, time.monotonic() - began)
+            if result.ok:
+                continue
+            first_failure = first_failure or result.status or 1
+            if not keep_going or result.outcome == "unreachable":
+                break
+    finally:
+        progress.stop()
+    return first_failure

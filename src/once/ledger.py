@@ -270,7 +270,58 @@ class Ledger:
             self.connect()
             return self._finish(params)
 
+    # reads for catch-up and rerun (one round trip each, still no SQLAlchemy)
+
+    LATEST_DONE = """
+        SELECT period_start FROM once_runs WHERE job = %(job)s AND status = 'done'
+        ORDER BY period_start DESC LIMIT 1"""
+
+    STATUSES = """
+        SELECT period, status FROM once_runs
+        WHERE job = %(job)s AND period_start >= %(start)s AND period_start < %(end)s"""
+
+    JOB_INFO = """
+        SELECT kind, schedule, tz, lag, max_attempts, stale_after FROM once_jobs
+        WHERE job = %(job)s"""
+
+    def latest_done(self, job: str) -> datetime | None:
+        """The start (UTC) of the job's latest done period, None when nothing is done."""
+        rows = self._read(self.LATEST_DONE, {"job": job})
+        return self._from_db_time(rows[0][0]) if rows else None
+
+    def statuses(self, job: str, start: datetime, end: datetime) -> dict[str, str]:
+        """The status of every row of the job whose period starts in [start, end)."""
+        rows = self._read(self.STATUSES, {"job": job, "start": self._time(start),
+                                          "end": self._time(end)})
+        return {period: status for period, status in rows}
+
+    def job_info(self, name: str) -> Job | None:
+        """The job as its latest claim left it in once_jobs (None: never claimed)."""
+        rows = self._read(self.JOB_INFO, {"job": name})
+        if not rows:
+            return None
+        kind, sched, tz, lag, max_attempts, stale_after = rows[0]
+        return Job(name, kind, sched, tz, lag, max_attempts, float(stale_after))
+
+    def _read(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        with self._errors("cannot read"):
+            self.connect()
+            try:
+                return self._fetch(sql, params)
+            except Exception as exc:
+                if self._is_schema_error(exc):
+                    return []  # no tables yet: nothing has run
+                raise
+
     # per dialect
+
+    def _fetch(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _from_db_time(self, value: Any) -> datetime:
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
     def _open(self) -> Any:
         raise NotImplementedError
@@ -442,6 +493,10 @@ class SqliteLedger(Ledger):
     def _time(self, instant: datetime) -> Any:
         return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
+    def _fetch(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        # The shared reads are written in the pyformat style; sqlite3 wants :name.
+        return [tuple(r) for r in self._conn.execute(_named(sql), params).fetchall()]
+
     def _is_schema_error(self, exc: Exception) -> bool:
         text = str(exc)
         return "no such table" in text or "no such column" in text or "has no column" in text
@@ -547,6 +602,9 @@ class PostgresLedger(Ledger):
 
     def _is_schema_error(self, exc: Exception) -> bool:
         return getattr(exc, "sqlstate", None) in ("42P01", "42703")  # undefined table/column
+
+    def _fetch(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in self._conn.execute(sql, params).fetchall()]
 
 
 # -- MySQL and MariaDB -------------------------------------------------------------------------
@@ -685,6 +743,17 @@ class MysqlLedger(Ledger):
             raise
         return True
 
+    def _fetch(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        try:
+            cur = self._conn.cursor()
+            cur.execute(sql, params)
+            rows = [tuple(r) for r in cur.fetchall()]
+            self._conn.commit()  # end the snapshot: the next read sees new rows
+        except Exception:
+            self._rollback()
+            raise
+        return rows
+
     def _rollback(self) -> None:
         try:
             self._conn.rollback()
@@ -696,6 +765,13 @@ class MysqlLedger(Ledger):
 
     def _is_schema_error(self, exc: Exception) -> bool:
         return _mysql_code(exc) in (1146, 1054)  # no such table, unknown column
+
+
+def _named(sql: str) -> str:
+    """%(name)s placeholders as sqlite3's :name."""
+    import re
+
+    return re.sub(r"%\((\w+)\)s", r":\1", sql)
 
 
 def _mysql_code(exc: BaseException) -> int | None:
