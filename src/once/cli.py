@@ -394,6 +394,61 @@ def schema(db: str | None, db_password_file: str | None, namespace: str | None,
                f"(schema version {ledger_schema.SCHEMA_VERSION})", err=True)
 
 
+# -- reports: status, history, check, metrics (once.report; SQLAlchemy and rich live there) --
+
+
+@cli.command()
+@click.argument("jobs", nargs=-1, metavar="[JOB]...")
+@ledger_options
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object a job.")
+def status(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
+           namespace: str | None, as_json: bool) -> int:
+    """Show each job: schedule, last done period, what runs now, failed and missing periods."""
+    from once import report
+
+    return report.status(open_target(db, db_password_file), jobs, namespace, as_json)
+
+
+@cli.command()
+@click.argument("job", metavar="JOB")
+@ledger_options
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1),
+              help="Show the N latest attempts.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object an "
+              "attempt.")
+def history(job: str, db: str | None, db_password_file: str | None, namespace: str | None,
+            limit: int, as_json: bool) -> int:
+    """Show every attempt of JOB, newest first."""
+    from once import report
+
+    return report.history(open_target(db, db_password_file), stored_name(job, namespace),
+                          limit, as_json)
+
+
+@cli.command()
+@click.argument("jobs", nargs=-1, metavar="[JOB]...")
+@ledger_options
+@click.option("--grace", default="0", show_default=True, type=DURATION,
+              help="How long after a period is due its done row may still be missing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def check(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
+          namespace: str | None, grace: float, as_json: bool) -> int:
+    """Audit the ledger for monitoring: exit 0 all due periods done, 1 a stale heartbeat,
+    2 a due period missing or failed."""
+    from once import report
+
+    return report.check(open_target(db, db_password_file), jobs, namespace, grace, as_json)
+
+
+@cli.command()
+@ledger_options
+def metrics(db: str | None, db_password_file: str | None, namespace: str | None) -> int:
+    """Print Prometheus text exposition (for node_exporter's textfile collector)."""
+    from once import report
+
+    return report.metrics(open_target(db, db_password_file), namespace)
+
+
 # -- entry point -----------------------------------------------------------------------------
 
 
