@@ -30,8 +30,10 @@ types: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench.py $(BENCH_ARGS)
 
+# Generated from the click definitions; tests/unit/test_docs.py fails when they are stale.
 man: $(STAMP)
-	$(BIN)/python -m once._docs man > man/once.1
+	@mkdir -p man
+	$(BIN)/python -m once._docs man > man/once.1.tmp && mv man/once.1.tmp man/once.1
 
 completions: $(STAMP)
 	$(BIN)/python -m once._docs completions completions

@@ -1,0 +1,879 @@
+"""The man page and the shell completion scripts, generated from the click definitions.
+
+    python -m once._docs man > man/once.1              (make man)
+    python -m once._docs completions completions/      (make completions)
+
+Everything about a command comes from `once.cli.cli`: its usage, its help text and, for each
+option, its names, metavar, help, default and environment variable (explicit, or click's
+ONCE_<COMMAND>_<NAME>), so the page cannot disagree with `--help`. The prose around it (the
+description, environment, exit status, files and examples) is data in this module. The output
+is deterministic: no dates, and only `once.__version__` may change the page without a change
+here or in cli.py. tests/unit/test_docs.py fails when the committed files differ from what this
+makes: run `make man completions`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+from click.shell_completion import BashComplete, FishComplete, ShellComplete, ZshComplete
+
+from once import __version__
+
+PROG = "once"
+COMPLETE_VAR = "_ONCE_COMPLETE"
+
+# Commands in the order a reader meets them; commands not named here follow, as cli.py
+# defines them.
+COMMAND_ORDER = (
+    "run",
+    "catchup",
+    "rerun",
+    "status",
+    "history",
+    "check",
+    "periods",
+    "metrics",
+    "schema",
+    "prune",
+    "state",
+)
+
+# Options documented once, under OPTIONS, for every command that takes them; a command whose
+# copy differs (other help, default or variable) gets its own entry instead.
+COMMON_OPTIONS = ("db", "db_password_file", "namespace", "tz")
+
+# Parameters of which a command needs exactly one (click has no word for it).
+ONE_OF = (("every", "cron"),)
+
+
+# -- roff ------------------------------------------------------------------------------------
+
+_SPECIALS = {
+    "\\": "\\e",
+    "-": "\\-",
+    "'": "\\(aq",
+    "`": "\\(ga",
+    "^": "\\(ha",
+    "~": "\\(ti",
+    '"': "\\(dq",
+}
+# `code` is set in bold, <PLACEHOLDER> in italics.
+_SPAN = re.compile(r"`([^`]+)`|<([A-Z][A-Za-z0-9_]*)>")
+
+
+def esc(text: str) -> str:
+    """Text made safe inside a roff line.
+
+    Backslashes, hyphens (as minus signs, so that options copy and paste), quotes and the
+    characters groff would typeset as something else are escaped; anything outside ASCII
+    becomes a \\[uXXXX] glyph so that the page does not depend on the reader's locale.
+    """
+    out = []
+    for ch in text:
+        if ch in _SPECIALS:
+            out.append(_SPECIALS[ch])
+        elif ch == "\t":
+            out.append(" ")
+        elif ch != "\n" and (ord(ch) < 32 or ord(ch) == 127):
+            continue
+        elif ord(ch) > 127:
+            out.append(f"\\[u{ord(ch):04X}]")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def markup(text: str) -> str:
+    """esc(), with `code` in bold and <PLACEHOLDER> in italics."""
+    out: list[str] = []
+    pos = 0
+    for match in _SPAN.finditer(text):
+        out.append(esc(text[pos : match.start()]))
+        if match.group(1) is not None:
+            out.append(bold(match.group(1)))
+        else:
+            out.append(italic(match.group(2)))
+        pos = match.end()
+    out.append(esc(text[pos:]))
+    return "".join(out)
+
+
+def bold(text: str) -> str:
+    return f"\\fB{esc(text)}\\fR"
+
+
+def italic(text: str) -> str:
+    return f"\\fI{esc(text)}\\fR"
+
+
+def line(text: str) -> str:
+    """One input line: a leading dot or apostrophe would make it a request."""
+    return "\\&" + text if text.startswith((".", "'")) else text
+
+
+def macro(name: str, *args: str) -> str:
+    """A request line; each argument escaped, quoted when it holds a space."""
+    quoted = [f'"{esc(a)}"' if (" " in a or not a) else esc(a) for a in args]
+    return " ".join([f".{name}", *quoted])
+
+
+def paragraphs(text: str) -> list[list[str]]:
+    """Help text (click's conventions) as paragraphs of stripped lines.
+
+    Text after a form feed is not shown, as in --help; a paragraph that starts with \\b keeps
+    its line breaks (it is returned with a leading "\\b" line).
+    """
+    text = text.split("\f", 1)[0]
+    found: list[list[str]] = []
+    for block in re.split(r"\n\s*\n", text.strip()):
+        rows = [row.strip() for row in block.splitlines()]
+        rows = [row for row in rows if row]
+        if rows:
+            found.append(rows)
+    return found
+
+
+def prose(text: str, lead: str = ".PP", sep: str = ".PP") -> list[str]:
+    """Help text or data prose as roff: `lead` before the first paragraph (none when empty),
+    `sep` between paragraphs (.IP keeps them inside a .TP entry)."""
+    out: list[str] = []
+    for n, rows in enumerate(paragraphs(text)):
+        if n:
+            out.append(sep)
+        elif lead:
+            out.append(lead)
+        if rows[0] == "\b":
+            out.extend([".nf", *(line(markup(row)) for row in rows[1:]), ".fi"])
+        else:  # marked up whole, so that `code` may go on over a line break
+            out.extend(line(row) for row in markup("\n".join(rows)).split("\n"))
+    return out
+
+
+def code(block: str) -> list[str]:
+    """A literal block, indented, in a fixed-width font where the device has one."""
+    rows = [line(esc(row.rstrip())) if row.strip() else "" for row in block.strip("\n").split("\n")]
+    return [".PP", ".RS 4", ".EX", *(row or "\\&" for row in rows), ".EE", ".RE"]
+
+
+# -- what click knows ------------------------------------------------------------------------
+
+
+def _cli() -> click.Group:
+    from once.cli import cli
+
+    return cli
+
+
+def root_context(group: click.Group) -> click.Context:
+    """The context `once` runs in: the group's settings (help names, env prefix) applied."""
+    return click.Context(group, info_name=PROG, **group.context_settings)
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    command: click.Command
+    ctx: click.Context
+
+    @property
+    def options(self) -> list[click.Option]:
+        """The documented options, in --help order (hidden ones and --help left out)."""
+        return [p for p in self.command.params if isinstance(p, click.Option) and not p.hidden]
+
+    @property
+    def arguments(self) -> list[click.Argument]:
+        return [p for p in self.command.params if isinstance(p, click.Argument)]
+
+
+def commands(group: click.Group) -> list[Command]:
+    """Every visible command, in COMMAND_ORDER, with a context as `once NAME` would get."""
+    root = root_context(group)
+    names = [n for n in COMMAND_ORDER if n in group.commands]
+    names += [n for n in group.commands if n not in names]
+    found = []
+    for name in names:
+        cmd = group.commands[name]
+        if cmd.hidden:
+            continue
+        ctx = click.Context(cmd, info_name=name, parent=root, **cmd.context_settings)
+        found.append(Command(name, cmd, ctx))
+    return found
+
+
+def envvars(option: click.Option, ctx: click.Context) -> list[str]:
+    """The variables the option reads: its own, or click's ONCE_<COMMAND>_<NAME>.
+
+    --help and --version (options that pass no value to the command) read none worth naming.
+    """
+    if not option.expose_value:
+        return []
+    if option.envvar:
+        return [option.envvar] if isinstance(option.envvar, str) else list(option.envvar)
+    if option.allow_from_autoenv and ctx.auto_envvar_prefix and option.name:
+        return [f"{ctx.auto_envvar_prefix}_{option.name.upper()}"]
+    return []
+
+
+def option_names(option: click.Option) -> list[str]:
+    """Short names first, as click's --help lists them."""
+    return sorted(option.opts, key=lambda opt: len(opt) - len(opt.lstrip(opt[:1])))
+
+
+def metavar(option: click.Option, ctx: click.Context) -> str | None:
+    if option.is_flag or option.count:
+        return None
+    return option.make_metavar(ctx)
+
+
+def default_text(option: click.Option) -> str | None:
+    """The default as --help would show it, or None when there is none worth showing."""
+    if option.show_default is False:
+        return None
+    if isinstance(option.show_default, str):
+        return option.show_default
+    default = option.to_info_dict()["default"]  # click's UNSET sentinel reads as None here
+    if option.is_flag and option.secondary_opts:
+        return option.opts[-1] if default else option.secondary_opts[-1]
+    if option.is_flag or option.count or default is None or callable(default):
+        return None
+    if isinstance(default, list | tuple):
+        return " ".join(str(v) for v in default) if default else None
+    return str(default)
+
+
+def range_text(option: click.Option) -> str | None:
+    kind = option.type
+    if not isinstance(kind, click.IntRange | click.FloatRange) or option.count:
+        return None
+    low, high = kind.min, kind.max
+    lo_word = "more than" if kind.min_open else "at least"
+    hi_word = "less than" if kind.max_open else "at most"
+    if low is not None and high is not None:
+        if not kind.min_open and not kind.max_open:
+            return f"From {low} to {high}."
+        return f"{lo_word.capitalize()} {low} and {hi_word} {high}."
+    if low is not None:
+        return f"{lo_word.capitalize()} {low}."
+    if high is not None:
+        return f"{hi_word.capitalize()} {high}."
+    return None
+
+
+def choices_text(option: click.Option) -> str | None:
+    if isinstance(option.type, click.Choice):
+        return "One of " + ", ".join(f"`{c}`" for c in option.type.choices) + "."
+    return None
+
+
+def option_tag(option: click.Option, ctx: click.Context) -> str:
+    """The .TP tag: bold names, italic metavar."""
+    tag = ", ".join(bold(opt) for opt in option_names(option))
+    if option.secondary_opts:
+        tag += " / " + ", ".join(bold(opt) for opt in option.secondary_opts)
+    var = metavar(option, ctx)
+    if var:
+        tag += " " + italic(var)
+    return tag
+
+
+def option_entry(option: click.Option, ctx: click.Context) -> list[str]:
+    """One option as a .TP paragraph: help, then range, default and environment."""
+    out = [".TP", line(option_tag(option, ctx))]
+    help_text = option.help or ""
+    body = prose(help_text, lead="", sep=".IP")
+    facts: list[str] = []
+    if option.required:
+        facts.append("Required.")
+    for extra in (range_text(option), choices_text(option)):
+        if extra:
+            facts.append(markup(extra))
+    default = default_text(option)
+    if default is not None and "default:" not in help_text:
+        facts.append(f"Default: {bold(default)}.")
+    names = [name for name in envvars(option, ctx) if name not in help_text]
+    if names:
+        word = "Environment" if len(names) == 1 else "Environment variables"
+        facts.append(f"{word}: " + ", ".join(bold(name) for name in names) + ".")
+    if option.count:
+        facts.append("Repeatable.")
+    if facts:
+        body.append(" ".join(facts))
+    return out + (body or ["\\&"])
+
+
+def _one_of(cmd: Command) -> dict[str, tuple[click.Option, ...]]:
+    """For each first member of an ONE_OF group the command takes whole: the group."""
+    by_name = {opt.name: opt for opt in cmd.options}
+    groups = {}
+    for names in ONE_OF:
+        if all(name in by_name for name in names):
+            groups[names[0]] = tuple(by_name[name] for name in names)
+    return groups
+
+
+def synopsis(cmd: Command) -> list[str]:
+    """`once NAME` with its required options, the ONE_OF groups, [OPTIONS] and arguments."""
+    groups = _one_of(cmd)
+    grouped = {opt.name for members in groups.values() for opt in members}
+    pieces: list[str] = []
+    optional = False
+    for opt in cmd.options:
+        if opt.name in groups:
+            pieces.append(
+                "(" + " | ".join(_usage_option(o, cmd.ctx) for o in groups[opt.name]) + ")"
+            )
+        elif opt.name in grouped:
+            continue
+        elif opt.required:
+            pieces.append(_usage_option(opt, cmd.ctx))
+        else:
+            optional = True
+    if optional:
+        pieces.append("[" + italic("OPTIONS") + "]")
+    for arg in cmd.arguments:
+        pieces.extend(_usage_words(piece) for piece in arg.get_usage_pieces(cmd.ctx))
+    return [macro("SY", f"{PROG} {cmd.name}"), *(line(p) for p in pieces), ".YS"]
+
+
+def _usage_option(option: click.Option, ctx: click.Context) -> str:
+    name = option_names(option)[-1]
+    var = metavar(option, ctx)
+    return bold(name) + ("\\ " + italic(var) if var else "")  # \\ : an unbreakable space
+
+
+def _usage_words(piece: str) -> str:
+    """An argument's usage piece: -- in bold, upper-case words in italics."""
+    out = []
+    for word in re.split(r"(\s+)", piece):
+        if word == "--":
+            out.append(bold(word))
+        else:
+            out.append(re.sub(r"[A-Z][A-Z0-9_]*", lambda m: italic(m.group(0)), esc(word)))
+    return "".join(out)
+
+
+# -- prose -----------------------------------------------------------------------------------
+
+DESCRIPTION = """\
+Cron, Kubernetes CronJobs, systemd timers and in-process schedulers promise a start time,
+never a number of runs: a job fires twice when two machines carry the same crontab, and not at
+all while its one machine is down. `once` fixes the job, not the schedule. Put `once run` in
+front of any command, fire it from as many machines and as often as you like, and every period
+of the job (a day, an hour, a cron slot) is claimed in a shared ledger table by exactly one
+caller. The others skip it.
+
+A period is given by `--every` <SPEC> (`minute`, <N>`m` where <N> divides 60, `hour`,
+<N>`h` where <N> divides 24, `day`, `week` (ISO, starting on Monday), `month`, `quarter` or
+`year`) or by `--cron` <EXPR> (a standard five-field cron expression; a period runs from one
+fire time to the next). Periods follow the wall clock of the job's time zone (`--tz`):
+`day` starts at local midnight, or at the first instant of the day where midnight does not
+exist, and `6h` at 00:00, 06:00, 12:00 and 18:00. A period is the half-open interval
+[start, next start); periods tile time with no gap and no overlap, whatever daylight saving
+time does. `--lag` <N> claims the period <N> periods before the current one: a 02:00 report
+about yesterday is `--every day --lag 1`.
+
+Each period has a key, stored in the ledger and given to the command as `ONCE_PERIOD`:
+`2026` (year), `2026-Q4` (quarter), `2026-10` (month), `2026-W44` (ISO week), `2026-10-27`
+(day), and for hours, minutes and cron slots the local start with its UTC offset, such as
+`2026-11-01T01:00-04:00` and, an hour later as the clocks fall back, `2026-11-01T01:00-05:00`.
+
+The ledger is a SQLite file by default; machines that share a job share a PostgreSQL, MySQL
+or MariaDB database (`--db`). Its tables are created on first use. A claim inserts the row
+(job, period) into `once_runs`, or takes over a row that has failed while attempts remain
+(`--max-attempts`), or one that is running with a heartbeat older than `--stale-after` by the
+database's clock. While the command runs, `once` renews the heartbeat at least every third
+of `--stale-after`; if `once` dies, the command and everything it started are killed at once.
+Every claim gets a fencing token (`ONCE_FENCE`) that grows with each claim of the job, which
+the command may use to guard its own writes against an owner that lost its claim.
+
+A failed period is tried again by the next `once run` that fires within it, so a crontab that
+fires every few minutes retries failures and costs one short transaction once the period is
+done. `once catchup` and `once run --catchup` make up periods nobody ran, oldest first, each
+claimed exactly as `once run` claims it; `once rerun` runs a done or failed period again.
+`once status`, `once history`, `once check` and `once metrics` make absence loud.
+
+The table `once_runs` is public, for monitoring to read: `job` and `period` (the primary key),
+`status` (`running`, `done` or `failed`), `attempt` (from 1), `fence`, `owner` (host name and
+process id, or `ONCE_OWNER`), `period_start` and `period_end`, `started_at`, `heartbeat_at` and
+`finished_at` (UTC, by the database's clock) and `exit_code`.
+"""
+
+OPTIONS_INTRO = """\
+Every command takes `-h`, `--help`. The ledger and time zone options below are taken by every
+command whose section names them; each also reads the environment variable shown. An option
+given on the command line wins over its variable.
+"""
+
+# (status, meaning) per command; `once run`'s table is the contract's.
+EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
+    (
+        "once run",
+        "",
+        (
+            ("the command's status", "The command ran; 128+<N> when signal <N> ended it."),
+            (
+                "0",
+                "Skipped: the period is done, a live attempt holds it, or its attempts are used "
+                "up (the last also warns on stderr). `--skipped-exit-code` changes this status.",
+            ),
+            ("2", "Usage: a bad option, period spec, zone, duration or URL."),
+            (
+                "70",
+                "Fenced out: `once` could no longer prove it held the claim while the command "
+                "ran (another attempt took it over, the ledger stayed unreachable past the "
+                "owner's deadline, or the final write matched no row). The command was stopped "
+                "and `once_runs` was not written.",
+            ),
+            (
+                "75",
+                "The ledger could not be reached, or answered with an error, before the claim "
+                "was decided: nothing was run. Also when the command finished but its result "
+                "could not be written; the row is then left to go stale.",
+            ),
+            ("124", "`--timeout` ended the command."),
+        ),
+    ),
+    (
+        "once catchup",
+        "0 when every period it tried is done or was skipped; otherwise the status "
+        "`once run` would have given for the first period that did not succeed "
+        "(without `--keep-going` it stops there). 2 and 75 as for `once run`.",
+        (),
+    ),
+    (
+        "once rerun",
+        "As `once run`, and:",
+        (("69", "Refused: a live attempt holds the period. Nothing was run."),),
+    ),
+    (
+        "once check",
+        "The highest status that applies:",
+        (
+            ("0", "Every due period has a done row."),
+            ("1", "A running attempt's heartbeat is stale."),
+            (
+                "2",
+                "A due period is missing or failed, or a period has failed with no attempts "
+                "left. A period <P> of a job with lag <L> is due once the end of period <P>+<L> "
+                "plus `--grace` has passed; a due period held by a live attempt is neither "
+                "missing nor failed.",
+            ),
+        ),
+    ),
+    (
+        "other commands",
+        "0 on success, 2 on a usage error, 75 when the ledger could not be "
+        "reached or answered with an error.",
+        (),
+    ),
+)
+
+EXIT_STATUS_NOTE = """\
+Every non-zero status that is not the command's own is explained in one line on standard
+error that starts with `once:`.
+"""
+
+# What the variables read by `once` mean; options with an explicit envvar that are missing
+# here are described by their help text.
+ENV_NOTES = {
+    "ONCE_DATABASE_URL": "The ledger's URL, as `--db`: `sqlite:///`<PATH> (a relative path; "
+    "`sqlite:////`<PATH> for an absolute one), `postgresql://`... (driven "
+    "by psycopg 3, with or without `+psycopg`), `mysql://`... or "
+    "`mariadb://`... (driven by PyMySQL). Default: the SQLite file under "
+    "`XDG_STATE_HOME`, see FILES.",
+    "ONCE_DB_PASSWORD_FILE": "A file holding the ledger's password, as `--db-password-file`; "
+    "it keeps the password out of crontabs and process lists.",
+    "ONCE_TZ": "The IANA time zone the periods follow, as `--tz`. Default: `UTC`.",
+    "ONCE_NAMESPACE": "As `--namespace`: the ledger stores job names as <NS>`:`<JOB>, so that "
+    "teams or environments sharing one ledger cannot collide.",
+}
+
+ENV_FIXED = (
+    (
+        "ONCE_OWNER",
+        "Who runs the attempt, as recorded in the ledger's `owner` column and shown "
+        "by `once status` (a Kubernetes pod's name, say). Default: the host name "
+        "and process id.",
+    ),
+    (
+        "XDG_STATE_HOME",
+        "Where the default SQLite ledger lives: "
+        "`$XDG_STATE_HOME/once/ledger.db`. Default: `~/.local/state`.",
+    ),
+)
+
+ENV_AUTO = """\
+Every other option can also be set from the environment, in a variable named `ONCE_`, the
+command's name, `_` and the option's parameter name, in upper case with `-` as `_`: each
+option's entry above names its variable, for example `ONCE_RUN_STALE_AFTER` for `once run
+--stale-after` and `ONCE_CATCHUP_MAX_COUNT` for `once catchup --max`. A flag is set by `1`,
+`true`, `yes` or `on` and cleared by `0`, `false`, `no` or `off`. The command line wins over
+the environment.
+"""
+
+CHILD_ENV = (
+    ("ONCE_JOB", "The job's name as stored, with its namespace (<NS>`:`<JOB>)."),
+    ("ONCE_PERIOD", "The period's key."),
+    ("ONCE_PERIOD_START", "The period's start: ISO 8601 with UTC offset, in the job's time zone."),
+    ("ONCE_PERIOD_END", "The period's end, in the same form; exclusive."),
+    ("ONCE_ATTEMPT", "1 for the first attempt at this period, then 2, 3, ..."),
+    (
+        "ONCE_FENCE",
+        "The fencing token: an integer that grows with every claim or takeover of "
+        "any period of this job. Store it with the job's writes and refuse a write "
+        "that carries a smaller one.",
+    ),
+    ("ONCE_TZ", "The job's time zone."),
+)
+
+CHILD_ENV_INTRO = """\
+`once run`, `once catchup` and `once rerun` run the command directly, without a shell, with
+standard input, output and error passed through and these variables added to its
+environment:
+"""
+
+FILES = (
+    (
+        "~/.local/state/once/ledger.db",
+        "The default ledger, a SQLite file "
+        "(`$XDG_STATE_HOME/once/ledger.db` when `XDG_STATE_HOME` "
+        "is set), created with its directory on first use. "
+        "`--db` or `ONCE_DATABASE_URL` names another.",
+    ),
+)
+
+COMPLETION = """\
+The scripts in the source tree's `completions/` directory complete commands, options and,
+from a SQLite ledger, job names. Install `once.bash` as
+`/usr/share/bash-completion/completions/once` (or
+`~/.local/share/bash-completion/completions/once`), `_once` in a directory of zsh's
+`$fpath`, and `once.fish` as `~/.config/fish/completions/once.fish`. Without the files,
+`eval "$(_ONCE_COMPLETE=bash_source once)"` in `~/.bashrc` (`zsh_source` in `~/.zshrc`)
+does the same.
+"""
+
+# (what it shows, the literal block). Every `once ...` command line in a block is parsed by
+# the test suite against the real CLI, so an example cannot use an option that is gone.
+EXAMPLES = (
+    (
+        "A crontab line on every machine that may run the job: whichever fires first in a day runs "
+        "`bill.sh` for that day; the others skip it. Firing every five minutes retries a failed "
+        "day (up to `--max-attempts`) and costs one short transaction once the day is done:",
+        """\
+ONCE_DATABASE_URL=postgresql://once@db.example/ops
+ONCE_TZ=Europe/Berlin
+*/5 * * * * once run --job invoices --every day -- /opt/bill.sh
+""",
+    ),
+    (
+        "A Kubernetes CronJob container, with `concurrencyPolicy: Forbid` as a second line of "
+        "defence and `terminationGracePeriodSeconds` above `--kill-after`; the owner is the pod, "
+        "and the ledger's URL comes from a Secret:",
+        """\
+command: ["once", "run", "--job", "report", "--every", "hour",
+          "--kill-after", "20s", "--", "/app/report"]
+env:
+  - name: ONCE_OWNER
+    valueFrom: {fieldRef: {fieldPath: metadata.name}}
+  - name: ONCE_DATABASE_URL
+    valueFrom: {secretKeyRef: {name: once-ledger, key: url}}
+""",
+    ),
+    (
+        "A backfill: list the October days that have no done row, then run them, oldest first. "
+        "Several machines may run the same catch-up; they split the days between them:",
+        """\
+once catchup --job invoices --every day --tz Europe/Berlin \\
+    --since 2026-10-01 --until 2026-10-31 --dry-run
+once catchup --job invoices --every day --tz Europe/Berlin \\
+    --since 2026-10-01 --until 2026-10-31 -- /opt/bill.sh
+""",
+    ),
+    (
+        "Monitoring from cron: mail when a due period of any job has no done row an hour after "
+        "it ended, or a heartbeat has gone stale:",
+        """\
+MAILTO=ops@example.com
+*/15 * * * * once check --grace 1h >/dev/null || echo "failed: $?"
+""",
+    ),
+    (
+        "The hourly periods of a night on which New York's clocks fall back, with their keys:",
+        """\
+once periods --every hour --tz America/New_York \\
+    --from 2026-11-01T00:00 --to 2026-11-01T03:00
+""",
+    ),
+)
+
+SEE_ALSO = (("cron", "8"), ("crontab", "5"), ("flock", "1"), ("systemd.timer", "5"))
+
+
+# -- the page --------------------------------------------------------------------------------
+
+
+def man_page(group: click.Group | None = None) -> str:
+    """The whole of man/once.1."""
+    group = group if group is not None else _cli()
+    root = root_context(group)
+    cmds = commands(group)
+    common = _common_options(cmds)
+
+    out = [
+        '.\\" Generated by `make man` (python -m once._docs man) from the click definitions',
+        '.\\" in src/once/cli.py and the prose in src/once/_docs.py: edit those, not this.',
+        macro("TH", "ONCE", "1", "", f"{PROG} {__version__}", "User Commands"),
+        macro("SH", "NAME"),
+        line(f"{PROG} \\- {_summary(group)}"),
+        macro("SH", "SYNOPSIS"),
+    ]
+    for cmd in cmds:
+        out += synopsis(cmd)
+    out += [
+        macro("SY", PROG),
+        f"[{bold('-h')}] [{bold('-V')}]",
+        ".YS",
+        macro("SH", "DESCRIPTION"),
+        *prose(DESCRIPTION, lead=""),
+        macro("SH", "OPTIONS"),
+        *prose(OPTIONS_INTRO, lead=""),
+    ]
+    for opt in group.params:
+        if isinstance(opt, click.Option) and not opt.hidden:
+            out += option_entry(opt, root)
+    help_option = group.get_help_option(root)
+    if help_option is not None:
+        out += option_entry(help_option, root)
+    for name in COMMON_OPTIONS:
+        if name in common:
+            opt, ctx = common[name]
+            out += option_entry(opt, ctx)
+
+    out.append(macro("SH", "COMMANDS"))
+    for cmd in cmds:
+        out += _command_section(cmd, common)
+
+    out.append(macro("SH", "EXIT STATUS"))
+    for title, text, rows in EXIT_STATUS:
+        out.append(macro("SS", title))
+        if text:
+            out += prose(text, lead="")
+        for status, meaning in rows:
+            out += [
+                ".TP",
+                line(bold(status) if status[0].isdigit() else markup(status)),
+                *prose(meaning, lead="", sep=".IP"),
+            ]
+    out += [".PP", *prose(EXIT_STATUS_NOTE, lead="")]
+
+    out += [macro("SH", "ENVIRONMENT"), macro("SS", "Read by once")]
+    for name, text in _read_envvars(cmds, root):
+        out += [".TP", bold(name), *prose(text, lead="", sep=".IP")]
+    out += [".PP", *prose(ENV_AUTO, lead="")]
+    out += [macro("SS", "Set for the command"), *prose(CHILD_ENV_INTRO, lead="")]
+    for name, text in CHILD_ENV:
+        out += [".TP", bold(name), *prose(text, lead="", sep=".IP")]
+
+    out.append(macro("SH", "FILES"))
+    for path, text in FILES:
+        out += [".TP", italic(path), *prose(text, lead="", sep=".IP")]
+
+    out += [macro("SH", "SHELL COMPLETION"), *prose(COMPLETION, lead="")]
+
+    out.append(macro("SH", "EXAMPLES"))
+    for n, (text, block) in enumerate(EXAMPLES):
+        out += [*prose(text, lead=".PP" if n else ""), *code(block)]
+
+    out.append(macro("SH", "SEE ALSO"))
+    refs = [f"{bold(name)}({section})" for name, section in SEE_ALSO]
+    out.append(", ".join(refs))
+    return "\n".join(_unhyphenated(out)) + "\n"
+
+
+_WORD = re.compile(r"(?<![^ ])(?=[^ ]*(?:\\-|\\f[BI]|_|/))(?!\\%)")
+
+
+def _unhyphenated(lines: Sequence[str]) -> list[str]:
+    """Text lines with \\% before every word that holds an option, a variable, a path or a
+    font change, so that groff never hyphenates `--max-at-tempts`; literal blocks unchanged."""
+    out = []
+    literal = False
+    for text in lines:
+        if text.startswith("."):
+            request = text[1:].split(" ")[0]
+            literal = request in ("EX", "nf") or (literal and request not in ("EE", "fi"))
+        elif not literal:
+            text = _WORD.sub("\\\\%", text)
+        out.append(text)
+    return out
+
+
+def _summary(group: click.Group) -> str:
+    """NAME's line from the group's help: 'run a scheduled command ... it'."""
+    text = " ".join((group.help or "").split("\f", 1)[0].split()).rstrip(".")
+    return esc(text[:1].lower() + text[1:])
+
+
+def _command_section(
+    cmd: Command, common: dict[str, tuple[click.Option, click.Context]]
+) -> list[str]:
+    out = [macro("SS", f"{PROG} {cmd.name}"), *synopsis(cmd)]
+    out += prose(cmd.command.help or cmd.command.short_help or "")
+    own: list[click.Option] = []
+    shared: list[click.Option] = []
+    for opt in cmd.options:
+        if opt.name in common and _same(opt, cmd.ctx, *common[opt.name]):
+            shared.append(opt)
+        else:
+            own.append(opt)
+    for opt in own:
+        out += option_entry(opt, cmd.ctx)
+    help_option = cmd.command.get_help_option(cmd.ctx)
+    names = [bold(option_names(opt)[-1]) for opt in shared]
+    if help_option is not None:
+        names.append(bold(option_names(help_option)[-1]))
+    if names:
+        out += [".PP", "Also " + _and(names) + ", as under " + bold("OPTIONS") + "."]
+    return out
+
+
+def _and(words: Sequence[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _common_options(cmds: Sequence[Command]) -> dict[str, tuple[click.Option, click.Context]]:
+    """For each COMMON_OPTIONS name: the first command's copy, which OPTIONS documents."""
+    found: dict[str, tuple[click.Option, click.Context]] = {}
+    for cmd in cmds:
+        for opt in cmd.options:
+            if opt.name in COMMON_OPTIONS and opt.name not in found:
+                found[opt.name] = (opt, cmd.ctx)
+    return found
+
+
+def _same(
+    opt: click.Option, ctx: click.Context, other: click.Option, other_ctx: click.Context
+) -> bool:
+    return option_entry(opt, ctx) == option_entry(other, other_ctx)
+
+
+def _read_envvars(cmds: Sequence[Command], root: click.Context) -> list[tuple[str, str]]:
+    """The explicit variables of every option (in the order met), then ENV_FIXED."""
+    seen: dict[str, str] = {}
+    for cmd in cmds:
+        for opt in cmd.options:
+            if not opt.envvar:
+                continue
+            for name in envvars(opt, cmd.ctx):
+                if name not in seen:
+                    seen[name] = ENV_NOTES.get(name) or (
+                        f"As `{option_names(opt)[-1]}`: {opt.help or ''}".strip()
+                    )
+    for name, text in ENV_FIXED:
+        seen.setdefault(name, text)
+    order = [*ENV_NOTES, *(name for name, _ in ENV_FIXED)]
+    return sorted(
+        seen.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order)
+    )
+
+
+# -- examples, as the tests check them -------------------------------------------------------
+
+
+def example_commands() -> Iterator[list[str]]:
+    """Every `once ...` command line in EXAMPLES, split into argv (without `once`)."""
+    for _, block in EXAMPLES:
+        text = block.replace("\\\n", " ")
+        for row in text.splitlines():
+            listed = re.search(r'\[\s*"once".*', row)
+            if listed:
+                joined = _json_list(text, row)
+                yield joined[1:]
+                continue
+            if not re.search(r"(^|\s)once\s", row):
+                continue
+            words = shlex.split(row)
+            words = words[words.index("once") + 1 :]
+            for stop in ("||", "&&", ";", "|"):
+                if stop in words:
+                    words = words[: words.index(stop)]
+            yield [w for w in words if not w.startswith((">", "2>"))]
+
+
+def _json_list(text: str, row: str) -> list[str]:
+    """A YAML flow list written as JSON, which may go on over the following lines."""
+    start = text.index(row)
+    opening = text.index("[", start)
+    closing = text.index("]", opening)
+    value = json.loads(text[opening : closing + 1])
+    return [str(v) for v in value]
+
+
+# -- completions -----------------------------------------------------------------------------
+
+SHELLS: tuple[tuple[str, type[ShellComplete]], ...] = (
+    ("once.bash", BashComplete),
+    ("_once", ZshComplete),
+    ("once.fish", FishComplete),
+)
+
+_HEADER = (
+    "# Generated by `make completions` (python -m once._docs completions) from click's "
+    "shell\n# completion for `once`: do not edit. See once(1), SHELL COMPLETION.\n"
+)
+
+
+def completion_scripts(group: click.Group | None = None) -> dict[str, str]:
+    """File name -> script, from click's own templates for prog `once`, var _ONCE_COMPLETE."""
+    group = group if group is not None else _cli()
+    scripts = {}
+    for filename, shell in SHELLS:
+        complete = shell(group, {}, PROG, COMPLETE_VAR)
+        # The template itself, as source() fills it: BashComplete.source() would also probe the
+        # bash on this machine and warn about it, which has no place in a generated file.
+        text = shell.source_template % dict(complete.source_vars())
+        text = text.rstrip("\n") + "\n"
+        first, _, rest = text.partition("\n")
+        # zsh reads its #compdef tag from the first line; the header goes after it.
+        zsh = first.startswith("#compdef")
+        scripts[filename] = f"{first}\n{_HEADER}{rest}" if zsh else _HEADER + text
+    return scripts
+
+
+def write_completions(directory: Path, group: click.Group | None = None) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for filename, text in completion_scripts(group).items():
+        path = directory / filename
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+# -- entry point -----------------------------------------------------------------------------
+
+USAGE = "usage: python -m once._docs man | python -m once._docs completions DIRECTORY"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["man"]:
+        sys.stdout.write(man_page())
+        return 0
+    if len(args) == 2 and args[0] == "completions":
+        write_completions(Path(args[1]))
+        return 0
+    print(USAGE, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
