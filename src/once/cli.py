@@ -15,6 +15,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from once import __version__
+from once.complete import job_names
 from once.periods import SpecError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -100,6 +101,7 @@ def liveness_options(func: F) -> F:
     """The options `once run` shares with `once catchup`."""
     options = [
         click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0),
+                     metavar="N",
                      help="Claim the period N periods before the current one."),
         click.option("--stale-after", default="5m", show_default=True, type=DURATION,
                      help="A running claim whose heartbeat is older than this may be taken "
@@ -109,7 +111,7 @@ def liveness_options(func: F) -> F:
         click.option("--timeout", type=DURATION,
                      help="SIGTERM the command when it runs longer; record failed, exit 124."),
         click.option("--max-attempts", default=3, show_default=True,
-                     type=click.IntRange(min=1),
+                     type=click.IntRange(min=1), metavar="N",
                      help="Retry a failed period until this many attempts have run."),
     ]
     for option in reversed(options):
@@ -123,16 +125,17 @@ def verbosity_options(func: F) -> F:
 
 
 @cli.command(context_settings={"allow_interspersed_args": False})
-@click.option("--job", required=True, metavar="NAME", help="Job name (1-200 printable "
-              "characters, no whitespace).")
+@click.option("--job", required=True, metavar="NAME", shell_complete=job_names,
+              help="Job name (1-200 printable characters, no whitespace).")
 @schedule_options
 @ledger_options
 @liveness_options
 @click.option("--catchup", default=0, show_default=True, type=click.IntRange(min=0),
+              metavar="N",
               help="First make up to N missed periods after the latest done one, oldest "
                    "first.")
 @click.option("--skipped-exit-code", default=0, show_default=True,
-              type=click.IntRange(0, 255), help="Exit status when the period is skipped.")
+              type=click.IntRange(0, 255), metavar="N", help="Exit status when the period is skipped.")
 @verbosity_options
 @command_argument
 def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
@@ -177,14 +180,16 @@ def _verbosity(verbose: int, quiet: bool) -> int:
 
 
 @cli.command(context_settings={"allow_interspersed_args": False})
-@click.option("--job", required=True, metavar="NAME", help="Job name.")
+@click.option("--job", required=True, metavar="NAME", shell_complete=job_names,
+              help="Job name.")
 @schedule_options
 @ledger_options
 @click.option("--since", metavar="P", help="First period: a key, a date or an ISO instant "
               "[default: the period after the latest done one].")
 @click.option("--until", metavar="P", help="Last period, included [default: the period "
               "once run would claim now].")
-@click.option("--max", "max_count", type=click.IntRange(min=1),
+@click.option("--max", "max_count", type=click.IntRange(min=1), metavar="N",
+              envvar="ONCE_CATCHUP_MAX",
               help="Run at most the N oldest missing periods.")
 @click.option("--keep-going", is_flag=True, help="Go on after a failed period; exit with the "
               "first failure's status.")
@@ -261,8 +266,10 @@ EXIT_REFUSED = 69
 
 
 @cli.command(context_settings={"allow_interspersed_args": False})
-@click.option("--job", required=True, metavar="NAME", help="Job name.")
-@click.option("--period", "key", required=True, metavar="KEY", help="The period's key.")
+@click.option("--job", required=True, metavar="NAME", shell_complete=job_names,
+              help="Job name.")
+@click.option("--period", "key", required=True, metavar="KEY", envvar="ONCE_RERUN_PERIOD",
+              help="The period's key.")
 @click.option("--reason", metavar="TEXT", help="Why, kept in the history.")
 @ledger_options
 @click.option("--kill-after", default="10s", show_default=True, type=DURATION,
@@ -348,9 +355,9 @@ def ledger_for(target: Any, stale_after: float = 300.0) -> Any:
 
 @cli.command()
 @schedule_options
-@click.option("--from", "start", required=True, metavar="T",
+@click.option("--from", "start", required=True, metavar="T", envvar="ONCE_PERIODS_FROM",
               help="ISO 8601 datetime, date or period key.")
-@click.option("--to", "end", required=True, metavar="T",
+@click.option("--to", "end", required=True, metavar="T", envvar="ONCE_PERIODS_TO",
               help="ISO 8601 datetime, date or period key (exclusive).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 def periods(every: str | None, cron: str | None, tz: str, start: str, end: str,
