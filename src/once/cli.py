@@ -404,16 +404,43 @@ def schema(db: str | None, db_password_file: str | None, namespace: str | None,
 # -- reports: status, history, check, metrics (once.report; SQLAlchemy and rich live there) --
 
 
+class Grace(Duration):
+    """A duration that may also be 0 (no grace)."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        if str(value).strip() in ("0", "0s", "0.0"):
+            return 0.0
+        return super().convert(value, param, ctx)
+
+
+GRACE = Grace()
+
+
 @cli.command()
 @click.argument("jobs", nargs=-1, metavar="[JOB]...")
 @ledger_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object a job.")
+@click.option("--timeline", is_flag=True, help="Draw each job's recent periods: done, failed, "
+              "missing, running.")
+@click.option("--last", type=click.IntRange(min=1), metavar="N",
+              help="With --timeline: draw the N latest periods [default: about 13 weeks of "
+                   "days, 7 days of hours, 6 hours of minutes, 60 other periods].")
 def status(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
-           namespace: str | None, as_json: bool) -> int:
-    """Show each job: schedule, last done period, what runs now, failed and missing periods."""
+           namespace: str | None, as_json: bool, timeline: bool, last: int | None) -> int:
+    """Show each job: schedule, last done period, what runs now, failed and missing periods.
+
+    Missing periods are due (the period after it, plus --lag periods, has ended) but have no
+    done row, no failed row and no live attempt, from the job's first claim on.
+    """
     from once import report
 
-    return report.status(open_target(db, db_password_file), jobs, namespace, as_json)
+    if last is not None and not timeline:
+        raise click.UsageError("--last goes with --timeline")
+    for job in jobs:
+        stored_name(job, namespace)  # a usage error for a bad name
+    return report.status(open_target(db, db_password_file), jobs, namespace, as_json,
+                         timeline=timeline, last=last)
 
 
 @cli.command()
@@ -421,29 +448,37 @@ def status(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
 @ledger_options
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1),
               help="Show the N latest attempts.")
+@click.option("--period", "key", metavar="KEY", help="Only the attempts at this period.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object an "
               "attempt.")
 def history(job: str, db: str | None, db_password_file: str | None, namespace: str | None,
-            limit: int, as_json: bool) -> int:
-    """Show every attempt of JOB, newest first."""
+            limit: int, key: str | None, as_json: bool) -> int:
+    """Show every attempt of JOB, newest first: period, attempt, fence, owner, times, outcome,
+    exit status and rerun reason."""
     from once import report
 
     return report.history(open_target(db, db_password_file), stored_name(job, namespace),
-                          limit, as_json)
+                          limit, as_json, period=key)
 
 
 @cli.command()
 @click.argument("jobs", nargs=-1, metavar="[JOB]...")
 @ledger_options
-@click.option("--grace", default="0", show_default=True, type=DURATION,
+@click.option("--grace", default="0", show_default=True, type=GRACE,
               help="How long after a period is due its done row may still be missing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 def check(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
           namespace: str | None, grace: float, as_json: bool) -> int:
     """Audit the ledger for monitoring: exit 0 all due periods done, 1 a stale heartbeat,
-    2 a due period missing or failed."""
+    2 a due period missing or failed, or a period failed with no attempts left.
+
+    Each finding is one line on stdout, `SEVERITY JOB PERIOD PROBLEM (DETAILS)`, most severe
+    first; `OK ...` when there is none.
+    """
     from once import report
 
+    for job in jobs:
+        stored_name(job, namespace)  # a usage error for a bad name
     return report.check(open_target(db, db_password_file), jobs, namespace, grace, as_json)
 
 

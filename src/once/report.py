@@ -1,0 +1,1068 @@
+"""Reports on the ledger: `once status`, `once history`, `once check` and `once metrics`.
+
+Only the reports import SQLAlchemy and rich (`once run` never pays for them). They read the
+ledger with SQLAlchemy Core over the tables of `once.schema`, in one read-only snapshot, and
+never create or change anything.
+
+What the reports call a job's periods, for a job with lag L and a check with --grace G:
+
+* its first period: the one containing `once_jobs.first_period_start` (its earliest claim);
+* a period P is due once the end of P+L plus G has passed (CONTRACT.md), so the latest due
+  period is the one L+1 periods before the period containing now - G;
+* missing: a due period, from the first one on, with no done row, no failed row and no live
+  attempt: no row at all, or a running row whose heartbeat is older than the job's
+  --stale-after (by the database's clock);
+* failed: a failed row; failed-out: a failed row with no attempts left (its attempt has reached
+  the --max-attempts of the job's latest run).
+
+Scale: the number of due periods is counted arithmetically (once.gaps) and compared with one
+COUNT over the primary-key range per job (index once_runs_job_status_start); only a job whose
+count shows a gap has its gaps located (a window query over that job's rows) and walked, and
+only the first few missing keys are listed. So `once status` and `once check` read O(jobs)
+index ranges and walk O(listed) periods, not every period of every job.
+
+`once check` lines, one per finding on stdout, most severe first (stable; scripts may parse
+them: the first three fields never contain spaces):
+
+    CRITICAL <job> <period> missing
+    CRITICAL <job> <first>..<last> missing (<n> more periods)
+    CRITICAL <job> <period> failed (attempt <a> of <max>, exit <code>)
+    CRITICAL <job> <period> failed-out (attempt <a> of <max>, exit <code>, no attempts left)
+    CRITICAL <job> <period> stale (owner <owner>, attempt <a>, heartbeat <age> ago, ...)
+    WARNING <job> <period> stale (...)                 (the period is not due yet)
+    CRITICAL <job> - unknown (no run of this job in the ledger)
+    OK <n> jobs: every due period done                 (only when there is no finding)
+
+A range line follows the first ten listed findings of one kind for one job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    create_engine,
+    event,
+    func,
+    literal_column,
+    or_,
+    select,
+    union_all,
+)
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
+from sqlalchemy.sql import Executable
+
+from once import gaps
+from once import schema as tables
+from once.ledger import LedgerError, Target, describe
+from once.periods import Period, Schedule, SpecError, iso
+from once.periods import schedule as make_schedule
+
+LIST_LIMIT = 10  # findings (missing keys, failed periods) listed one by one per job and kind
+WALK_LIMIT = 100_000  # periods walked per job to count the gaps of a cron job
+CHUNK = 200  # jobs per statement (SQLite allows 500 terms in a compound SELECT)
+
+OK, WARNING, CRITICAL = 0, 1, 2
+SEVERITY = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL"}
+
+_TICK = timedelta(microseconds=1)
+_NEVER = datetime.min.replace(tzinfo=UTC)
+
+runs, attempts, jobs = tables.runs, tables.attempts, tables.jobs
+
+
+# -- reading the ledger ----------------------------------------------------------------------
+
+
+class _NoLedger(Exception):
+    """The ledger's tables do not exist yet: nothing has run."""
+
+
+def _engine(target: Target) -> Engine:
+    """An engine for reading: SQLite opens a deferred (read) transaction, never a write lock."""
+    args = tables._engine_args(target)  # the connect arguments once.schema uses, timeouts too
+    eng = create_engine(target.sqlalchemy_url, poolclass=NullPool, **args)
+    if target.dialect == "sqlite":
+
+        @event.listens_for(eng, "connect")
+        def _manual_transactions(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None
+
+        @event.listens_for(eng, "begin")
+        def _begin_snapshot(conn: Connection) -> None:
+            conn.exec_driver_sql("BEGIN")  # WAL: a consistent snapshot for every read
+
+    return eng
+
+
+@contextmanager
+def _reading(target: Target) -> Iterator[Connection]:
+    """One connection in one consistent snapshot; errors become LedgerError (exit 75)."""
+    if target.dialect == "sqlite" and not os.path.exists(target.path):
+        raise _NoLedger  # connecting would create an empty file
+    eng = _engine(target)
+    try:
+        with eng.connect() as conn:
+            if target.dialect != "sqlite":
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                yield conn
+    except SQLAlchemyError as exc:
+        if _is_missing_table(exc):
+            raise _NoLedger from None
+        raise LedgerError(
+            f"cannot read the ledger {target.redacted}: {describe(exc.orig or exc)}"
+            if hasattr(exc, "orig") else f"cannot read the ledger {target.redacted}: {exc}"
+        ) from exc
+    finally:
+        eng.dispose()
+
+
+def _is_missing_table(exc: SQLAlchemyError) -> bool:
+    orig = getattr(exc, "orig", None)
+    if getattr(orig, "sqlstate", None) == "42P01":  # PostgreSQL: undefined table
+        return True
+    args = getattr(orig, "args", ())
+    if args and args[0] == 1146:  # MySQL: no such table
+        return True
+    return "no such table" in str(orig)
+
+
+def _utc(value: datetime) -> datetime:
+    """A stored time as an aware UTC datetime (SQLite and MySQL hand back naive UTC)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _bind(target: Target, instant: datetime) -> datetime:
+    """An instant as the dialect's column type wants it bound: UTC, naive outside PostgreSQL."""
+    at = instant.astimezone(UTC)
+    return at if target.dialect == "postgresql" else at.replace(tzinfo=None)
+
+
+def _db_now(conn: Connection, target: Target) -> datetime:
+    """The database's clock, which wrote every heartbeat."""
+    if target.dialect == "sqlite":
+        text = conn.execute(select(func.strftime("%Y-%m-%d %H:%M:%f", "now"))).scalar_one()
+        return datetime.fromisoformat(str(text)).replace(tzinfo=UTC)
+    expr = func.clock_timestamp() if target.dialect == "postgresql" else func.utc_timestamp(6)
+    value = conn.execute(select(expr)).scalar_one()
+    return _utc(value)
+
+
+# -- what the ledger says about each job -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """A row of once_runs."""
+
+    job: str
+    period: str
+    status: str
+    attempt: int
+    fence: int
+    owner: str
+    period_start: datetime
+    period_end: datetime
+    started_at: datetime
+    heartbeat_at: datetime
+    finished_at: datetime | None
+    exit_code: int | None
+
+    @classmethod
+    def of(cls, row: Any) -> RunRow:
+        m = row._mapping
+        return cls(m["job"], m["period"], m["status"], m["attempt"], m["fence"], m["owner"],
+                   _utc(m["period_start"]), _utc(m["period_end"]), _utc(m["started_at"]),
+                   _utc(m["heartbeat_at"]),
+                   _utc(m["finished_at"]) if m["finished_at"] is not None else None,
+                   m["exit_code"])
+
+    @property
+    def duration(self) -> float | None:
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+_RUN_COLUMNS = (runs.c.job, runs.c.period, runs.c.status, runs.c.attempt, runs.c.fence,
+                runs.c.owner, runs.c.period_start, runs.c.period_end, runs.c.started_at,
+                runs.c.heartbeat_at, runs.c.finished_at, runs.c.exit_code)
+
+
+@dataclass
+class JobState:
+    """One job as the reports see it at `now`."""
+
+    name: str
+    kind: str
+    spec: str
+    tz: str
+    lag: int
+    max_attempts: int
+    stale_after: float
+    fires: int
+    first_period_start: datetime
+    now: datetime
+    sched: Schedule | None = None
+    error: str = ""  # the stored schedule cannot be rebuilt here (an unknown zone, say)
+    first: Period | None = None
+    due_last: Period | None = None  # the latest due period; None: nothing is due yet
+    current: Period | None = None  # the period `once run` claims now
+    next: Period | None = None  # the one it claims next ...
+    next_at: datetime | None = None  # ... from this instant on
+    expected: int | None = 0  # due periods from the first on (None: cron, not counted)
+    done_due: int = 0
+    last_done: RunRow | None = None
+    open_rows: list[RunRow] = field(default_factory=list)  # running and failed rows
+    no_row: int = 0  # due periods without any row
+    no_row_listed: list[Period] = field(default_factory=list)  # the first LIST_LIMIT + 1
+    no_row_last: Period | None = None
+    no_row_at_least: bool = False  # no_row is a lower bound (a cron job's huge gap)
+
+    @property
+    def schedule_text(self) -> str:
+        return f"every {self.spec}" if self.kind == "every" else f"cron {self.spec}"
+
+    @property
+    def zone(self) -> Any:
+        return self.sched.tz if self.sched else UTC
+
+    def due(self, row: RunRow) -> bool:
+        return (self.first is not None and self.due_last is not None
+                and _utc(self.first.start) <= row.period_start < _utc(self.due_last.end))
+
+    def heartbeat_age(self, row: RunRow) -> float:
+        return (self.now - row.heartbeat_at).total_seconds()
+
+    def is_stale(self, row: RunRow) -> bool:
+        return row.status == "running" and self.heartbeat_age(row) > self.stale_after
+
+    @property
+    def running(self) -> list[RunRow]:
+        return [r for r in self.open_rows if r.status == "running"]
+
+    @property
+    def failed(self) -> list[RunRow]:
+        return [r for r in self.open_rows if r.status == "failed"]
+
+    def failed_out(self, row: RunRow) -> bool:
+        return row.status == "failed" and row.attempt >= self.max_attempts
+
+    @property
+    def stale_due(self) -> list[RunRow]:
+        return [r for r in self.running if self.is_stale(r) and self.due(r)]
+
+    @property
+    def missing(self) -> int:
+        """Due periods with no done row, no failed row and no live attempt."""
+        return self.no_row + len(self.stale_due)
+
+    def missing_keys(self, limit: int = LIST_LIMIT) -> list[str]:
+        found = [(_utc(p.start), p.key) for p in self.no_row_listed]
+        found += [(r.period_start, r.period) for r in self.stale_due]
+        return [key for _, key in sorted(found)[:limit]]
+
+
+def _select_jobs(conn: Connection, names: Sequence[str] | None,
+                 namespace: str | None) -> list[Any]:
+    query = select(jobs)
+    if names:
+        found: list[Any] = []
+        for chunk in _chunks(list(names), 500):
+            found += conn.execute(query.where(jobs.c.job.in_(chunk))).all()
+        return sorted(found, key=lambda r: r.job)
+    if namespace:
+        query = query.where(jobs.c.job.startswith(namespace + ":", autoescape=True))
+    return sorted(conn.execute(query).all(), key=lambda r: r.job)
+
+
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def survey(conn: Connection, target: Target, job_rows: Sequence[Any], now: datetime,
+           grace: float = 0.0) -> list[JobState]:
+    """Every named job's state at `now`: due range, counts, open rows, missing periods."""
+    states = [_plan(row, now, grace) for row in job_rows]
+    ready = [s for s in states if s.sched is not None]
+    _count_done(conn, target, ready)
+    _read_open_rows(conn, ready)
+    _read_last_done(conn, ready)
+    for state in ready:
+        _locate_missing(conn, target, state)
+    return states
+
+
+def _plan(row: Any, now: datetime, grace: float) -> JobState:
+    """The job's periods at `now`, from its stored schedule: no database needed."""
+    state = JobState(row.job, row.kind, row.schedule, row.tz, row.lag, row.max_attempts,
+                     float(row.stale_after), row.fires, _utc(row.first_period_start), now)
+    try:
+        sched = make_schedule(row.schedule if row.kind == "every" else None,
+                              row.schedule if row.kind == "cron" else None, row.tz)
+        state.sched = sched
+        state.first = sched.containing(state.first_period_start)
+        running_now = sched.containing(now)
+        state.current = sched.shifted(running_now, -row.lag)
+        state.next = sched.next(state.current)
+        state.next_at = _utc(running_now.end)
+        due_last = sched.shifted(sched.containing(now - timedelta(seconds=grace)),
+                                 -(row.lag + 1))
+        if _utc(due_last.start) >= _utc(state.first.start):
+            state.due_last = due_last
+            state.expected = gaps.count(sched, state.first, due_last)
+    except (SpecError, ValueError, OverflowError) as exc:
+        state.sched = None
+        state.error = str(exc)
+    return state
+
+
+def _count_done(conn: Connection, target: Target, states: list[JobState]) -> None:
+    """done rows in each job's due range: one COUNT over an index range per job."""
+    due = [s for s in states if s.due_last is not None and s.first is not None]
+    for chunk in _chunks(due, CHUNK):
+        terms: list[Any] = []
+        for i, s in enumerate(chunk):
+            assert s.first is not None and s.due_last is not None
+            terms.append(
+                select(literal_column(str(i)).label("i"), func.count().label("n")).where(
+                    runs.c.job == s.name, runs.c.status == "done",
+                    runs.c.period_start >= _bind(target, s.first.start),
+                    runs.c.period_start < _bind(target, s.due_last.end)))
+        query: Executable = terms[0] if len(terms) == 1 else union_all(*terms)
+        for i, n in conn.execute(query).all():
+            chunk[int(i)].done_due = int(n)
+
+
+def _read_open_rows(conn: Connection, states: list[JobState]) -> None:
+    """The running and failed rows of the jobs (index once_runs_job_status)."""
+    by_name = {s.name: s for s in states}
+    for chunk in _chunks(list(by_name), 500):
+        query = select(*_RUN_COLUMNS).where(runs.c.job.in_(chunk),
+                                            runs.c.status.in_(("running", "failed")))
+        for row in conn.execute(query.order_by(runs.c.job, runs.c.period_start)):
+            by_name[row.job].open_rows.append(RunRow.of(row))
+
+
+def _read_last_done(conn: Connection, states: list[JobState]) -> None:
+    """Each job's latest done period (by period start): one index seek per job."""
+    by_name = {s.name: s for s in states}
+    latest = runs.alias("latest")
+    newest = (select(func.max(latest.c.period_start))
+              .where(latest.c.job == jobs.c.job, latest.c.status == "done")
+              .scalar_subquery())
+    for chunk in _chunks(list(by_name), 500):
+        query = (select(*_RUN_COLUMNS)
+                 .select_from(jobs.join(runs, and_(runs.c.job == jobs.c.job,
+                                                   runs.c.status == "done",
+                                                   runs.c.period_start == newest)))
+                 .where(jobs.c.job.in_(chunk)))
+        for row in conn.execute(query):
+            by_name[row.job].last_done = RunRow.of(row)
+
+
+def _locate_missing(conn: Connection, target: Target, s: JobState) -> None:
+    """Count the due periods that have no row; list the first few and the last one."""
+    if s.due_last is None or s.first is None or s.sched is None:
+        return
+    lo, hi = _utc(s.first.start), _utc(s.due_last.end)
+    present = s.done_due + sum(1 for r in s.open_rows if lo <= r.period_start < hi)
+    if s.expected is not None and s.expected <= present:
+        return  # every due period has a row: the common, cheap case
+    holes = _holes(conn, target, s.name, lo, hi)
+    known = s.expected - present if s.expected is not None else None
+    listed, counted, capped = _walk(s.sched, holes, known)
+    s.no_row_listed = listed
+    s.no_row = known if known is not None else counted
+    s.no_row_at_least = capped
+    if holes and s.no_row:
+        s.no_row_last = s.sched.containing(holes[-1][1] - _TICK)
+
+
+def _holes(conn: Connection, target: Target, job: str, lo: datetime,
+           hi: datetime) -> list[tuple[datetime, datetime]]:
+    """The stretches of [lo, hi) that no row of the job covers, in order."""
+    in_range = and_(runs.c.job == job, runs.c.period_start >= _bind(target, lo),
+                    runs.c.period_start < _bind(target, hi))
+    following = func.lead(runs.c.period_start, type_=runs.c.period_start.type).over(
+        order_by=runs.c.period_start)
+    rows = (select(runs.c.period_start.label("s"), runs.c.period_end.label("e"),
+                   following.label("f"))
+            .where(in_range).subquery())
+    query = (select(rows.c.e, rows.c.f)
+             .where(or_(rows.c.f.is_(None), rows.c.f > rows.c.e))
+             .order_by(rows.c.s))
+    first = conn.execute(select(func.min(runs.c.period_start)).where(in_range)).scalar()
+    if first is None:
+        return [(lo, hi)]
+    holes = []
+    if _utc(first) > lo:
+        holes.append((lo, _utc(first)))
+    for end, following_start in conn.execute(query):
+        gap_end = hi if following_start is None else _utc(following_start)
+        if _utc(end) < gap_end:
+            holes.append((_utc(end), gap_end))
+    return holes
+
+
+def _walk(sched: Schedule, holes: list[tuple[datetime, datetime]],
+          known: int | None) -> tuple[list[Period], int, bool]:
+    """The first LIST_LIMIT + 1 periods in the holes, and how many there are (walked only
+    when not known, up to WALK_LIMIT)."""
+    listed: list[Period] = []
+    counted = 0
+    for start, end in holes:
+        period = sched.containing(start)
+        while _utc(period.start) < end:
+            if _utc(period.start) >= start:
+                counted += 1
+                if len(listed) <= LIST_LIMIT:
+                    listed.append(period)
+            if known is not None and len(listed) > LIST_LIMIT:
+                return listed, counted, False
+            if counted >= WALK_LIMIT:
+                return listed, counted, True
+            period = sched.next(period)
+    return listed, counted, False
+
+
+# -- the commands ----------------------------------------------------------------------------
+
+
+def _stored(jobs_named: Sequence[str], namespace: str | None) -> list[str]:
+    return [f"{namespace}:{j}" if namespace else j for j in jobs_named]
+
+
+def _load(target: Target, names: Sequence[str] | None, namespace: str | None,
+          grace: float = 0.0) -> tuple[list[JobState], datetime]:
+    try:
+        with _reading(target) as conn:
+            now = _db_now(conn, target)
+            return survey(conn, target, _select_jobs(conn, names, namespace), now, grace), now
+    except _NoLedger:
+        return [], datetime.now(UTC)
+
+
+def status(target: Target, jobs_named: Sequence[str], namespace: str | None,
+           as_json: bool, timeline: bool = False, last: int | None = None) -> int:
+    """`once status`: one row per job; --timeline draws each job's recent periods."""
+    names = _stored(jobs_named, namespace)
+    states, now = _load(target, names or None, namespace)
+    unknown = sorted(set(names) - {s.name for s in states})
+    drawings: dict[str, list[tuple[Period, str]]] = {}
+    if timeline and states:
+        drawings = _timelines(target, states, last)
+    if as_json:
+        out = []
+        for s in states:
+            obj = status_object(s)
+            if timeline:
+                obj["timeline"] = [{"period": p.key, "start": iso(p.start), "state": cell}
+                                   for p, cell in drawings.get(s.name, [])]
+            out.append(obj)
+        _print(json.dumps(out, indent=2))
+    elif timeline:
+        from once import timeline as draw
+
+        draw.render([(s, drawings.get(s.name, [])) for s in states], _tty())
+    elif states:
+        _render_status(states, now, target)
+    elif not unknown:
+        _say(f"no jobs in the ledger {target.redacted}"
+             + (f" under namespace {namespace}" if namespace else ""))
+    for name in unknown:
+        _say(f"unknown job {name!r}: no run of it in the ledger {target.redacted}")
+    return 2 if unknown else 0
+
+
+def status_object(s: JobState) -> dict[str, Any]:
+    """A job's entry in `once status --json`."""
+    tz = s.zone
+    last = s.last_done
+
+    def at(instant: datetime | None) -> str | None:
+        return iso(instant.astimezone(tz)) if instant is not None else None
+
+    return {
+        "job": s.name,
+        "kind": s.kind,
+        "schedule": s.spec,
+        "tz": s.tz,
+        "lag": s.lag,
+        "max_attempts": s.max_attempts,
+        "stale_after_s": s.stale_after,
+        "first_period": s.first.key if s.first else None,
+        "last_done": last.period if last else None,
+        "last_finished_at": at(last.finished_at) if last else None,
+        "last_duration_s": _round(last.duration) if last else None,
+        "running": [
+            {"period": r.period, "attempt": r.attempt, "fence": r.fence, "owner": r.owner,
+             "started_at": at(r.started_at), "heartbeat_at": at(r.heartbeat_at),
+             "heartbeat_age_s": _round(s.heartbeat_age(r)), "stale": s.is_stale(r),
+             "due": s.due(r)}
+            for r in s.running
+        ],
+        "failed": len(s.failed),
+        "failed_out": sum(1 for r in s.failed if s.failed_out(r)),
+        "failed_periods": [
+            {"period": r.period, "attempt": r.attempt, "exit_code": r.exit_code,
+             "finished_at": at(r.finished_at), "attempts_left": max(0, s.max_attempts - r.attempt),
+             "due": s.due(r)}
+            for r in s.failed[:LIST_LIMIT]
+        ],
+        "missing": s.missing,
+        "missing_at_least": s.no_row_at_least,
+        "missing_periods": s.missing_keys(),
+        "missing_last": _last_missing(s),
+        "due_through": s.due_last.key if s.due_last else None,
+        "current": s.current.key if s.current else None,
+        "next": s.next.key if s.next else None,
+        "next_at": at(s.next_at),
+        "fires": s.fires,
+        "error": s.error or None,
+    }
+
+
+def _last_missing(s: JobState) -> str | None:
+    candidates = [(r.period_start, r.period) for r in s.stale_due]
+    if s.no_row_last is not None:
+        candidates.append((_utc(s.no_row_last.start), s.no_row_last.key))
+    return max(candidates)[1] if candidates else None
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def check(target: Target, jobs_named: Sequence[str], namespace: str | None, grace: float,
+          as_json: bool) -> int:
+    """`once check`: the findings, one a line; exit 0, 1 (WARNING) or 2 (CRITICAL)."""
+    names = _stored(jobs_named, namespace)
+    states, _ = _load(target, names or None, namespace, grace)
+    found = findings(states)
+    for name in sorted(set(names) - {s.name for s in states}):
+        found.append(Finding(CRITICAL, name, "-", "unknown", "no run of this job in the ledger"))
+    found.sort(key=lambda f: f.order)
+    worst = max((f.severity for f in found), default=OK)
+    if as_json:
+        _print(json.dumps([f.as_dict() for f in found], indent=2))
+    elif found:
+        for f in found:
+            _print(f.line)
+    else:
+        count = len(states)
+        _print(f"OK {count} job{'' if count == 1 else 's'}: every due period done")
+    return worst
+
+
+@dataclass
+class Finding:
+    severity: int
+    job: str
+    period: str  # a key, FIRST..LAST for a range, or - for the job as a whole
+    problem: str  # missing, failed, failed-out, stale, unknown, unreadable
+    detail: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    at: datetime = _NEVER  # for ordering
+
+    @property
+    def line(self) -> str:
+        text = f"{SEVERITY[self.severity]} {self.job} {self.period} {self.problem}"
+        return f"{text} ({self.detail})" if self.detail else text
+
+    @property
+    def order(self) -> tuple[Any, ...]:
+        return (-self.severity, self.job, self.at, self.problem)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"severity": SEVERITY[self.severity], "status": self.severity, "job": self.job,
+                "period": None if self.period == "-" else self.period,
+                "problem": self.problem, "detail": self.detail or None, **self.extra,
+                "line": self.line}
+
+
+def findings(states: Sequence[JobState]) -> list[Finding]:
+    """What `once check` reports for each job (unsorted)."""
+    found: list[Finding] = []
+    for s in states:
+        if s.sched is None:
+            found.append(Finding(CRITICAL, s.name, "-", "unreadable", s.error))
+            continue
+        found += _missing_findings(s)
+        failed = [r for r in s.failed if s.failed_out(r) or s.due(r)]
+        found += _capped(s, [_failed_finding(s, r) for r in failed])
+        found += _capped(s, [_stale_finding(s, r) for r in s.running if s.is_stale(r)])
+    return found
+
+
+def _missing_findings(s: JobState) -> list[Finding]:
+    listed = s.no_row_listed
+    out = [Finding(CRITICAL, s.name, p.key, "missing", at=_utc(p.start))
+           for p in listed[:LIST_LIMIT]]
+    if s.no_row > LIST_LIMIT and len(listed) > LIST_LIMIT and s.no_row_last is not None:
+        more = s.no_row - LIST_LIMIT
+        first, last = listed[LIST_LIMIT], s.no_row_last
+        word = "at least " if s.no_row_at_least else ""
+        out.append(Finding(CRITICAL, s.name, f"{first.key}..{last.key}", "missing",
+                           f"{word}{more} more period{'' if more == 1 else 's'}",
+                           {"count": more, "first": first.key, "last": last.key},
+                           at=_utc(first.start)))
+    return out
+
+
+def _failed_finding(s: JobState, r: RunRow) -> Finding:
+    out = s.failed_out(r)
+    detail = f"attempt {r.attempt} of {s.max_attempts}, exit {r.exit_code}"
+    if out:
+        detail += ", no attempts left"
+    return Finding(CRITICAL, s.name, r.period, "failed-out" if out else "failed", detail,
+                   {"attempt": r.attempt, "max_attempts": s.max_attempts,
+                    "exit_code": r.exit_code, "due": s.due(r)}, at=r.period_start)
+
+
+def _stale_finding(s: JobState, r: RunRow) -> Finding:
+    age = s.heartbeat_age(r)
+    due = s.due(r)
+    detail = (f"owner {r.owner}, attempt {r.attempt}, heartbeat {_age(age)} ago, "
+              f"stale after {_age(s.stale_after)}")
+    return Finding(CRITICAL if due else WARNING, s.name, r.period, "stale", detail,
+                   {"owner": r.owner, "attempt": r.attempt, "heartbeat_age_s": _round(age),
+                    "due": due}, at=r.period_start)
+
+
+def _capped(s: JobState, found: list[Finding]) -> list[Finding]:
+    """At most LIST_LIMIT findings of one kind, then one range line for the rest."""
+    if len(found) <= LIST_LIMIT:
+        return found
+    rest = found[LIST_LIMIT:]
+    first, last = rest[0], rest[-1]
+    more = len(rest)
+    summary = Finding(max(f.severity for f in rest), s.name, f"{first.period}..{last.period}",
+                      first.problem, f"{more} more period{'' if more == 1 else 's'}",
+                      {"count": more, "first": first.period, "last": last.period},
+                      at=first.at)
+    return [*found[:LIST_LIMIT], summary]
+
+
+def history(target: Target, stored_job: str, limit: int, as_json: bool,
+            period: str | None = None) -> int:
+    """`once history JOB`: every attempt, newest first."""
+    try:
+        with _reading(target) as conn:
+            now = _db_now(conn, target)
+            job_rows = _select_jobs(conn, [stored_job], None)
+            if not job_rows:
+                raise _NoLedger
+            job = job_rows[0]
+            query = select(attempts).where(attempts.c.job == stored_job)
+            if period is not None:
+                query = query.where(attempts.c.period == period)
+            query = query.order_by(attempts.c.started_at.desc(), attempts.c.attempt.desc())
+            rows = conn.execute(query.limit(limit)).all()
+            holders = _holders(conn, stored_job, {r.period for r in rows})
+    except _NoLedger:
+        _say(f"unknown job {stored_job!r}: no run of it in the ledger {target.redacted}")
+        return 2
+    try:
+        tz: Any = _zone(job.tz)
+    except SpecError:
+        tz = UTC
+    entries = [_attempt_entry(r, holders.get(r.period), float(job.stale_after), now, tz)
+               for r in rows]
+    if as_json:
+        _print(json.dumps(entries, indent=2))
+    else:
+        _render_history(stored_job, job.tz, entries)
+    return 0
+
+
+def _zone(name: str) -> Any:
+    from once.periods import zone
+
+    return zone(name)
+
+
+def _holders(conn: Connection, job: str, periods: set[str]) -> dict[str, RunRow]:
+    """The once_runs rows of the periods shown, to tell a live attempt from an abandoned one."""
+    found: dict[str, RunRow] = {}
+    for chunk in _chunks(sorted(periods), 500):
+        query = select(*_RUN_COLUMNS).where(runs.c.job == job, runs.c.period.in_(chunk))
+        for row in conn.execute(query):
+            found[row.period] = RunRow.of(row)
+    return found
+
+
+def _attempt_entry(row: Any, holder: RunRow | None, stale_after: float, now: datetime,
+                   tz: Any) -> dict[str, Any]:
+    started = _utc(row.started_at)
+    finished = _utc(row.finished_at) if row.finished_at is not None else None
+    outcome = row.outcome
+    if row.status == "running":
+        if holder is not None and holder.attempt == row.attempt and holder.status == "running":
+            age = (now - holder.heartbeat_at).total_seconds()
+            outcome = "stale" if age > stale_after else "running"
+        else:
+            outcome = "taken-over"  # a later attempt or a rerun took the row; never finished
+    return {
+        "job": row.job,
+        "period": row.period,
+        "attempt": row.attempt,
+        "fence": row.fence,
+        "owner": row.owner,
+        "status": row.status,
+        "outcome": outcome,
+        "started_at": iso(started.astimezone(tz)),
+        "finished_at": iso(finished.astimezone(tz)) if finished else None,
+        "duration_s": _round((finished - started).total_seconds()) if finished else None,
+        "exit_code": row.exit_code,
+        "reason": row.reason,
+    }
+
+
+# -- metrics ---------------------------------------------------------------------------------
+
+
+def metrics(target: Target, namespace: str | None) -> int:
+    """`once metrics`: Prometheus text exposition format, for the textfile collector."""
+    try:
+        with _reading(target) as conn:
+            now = _db_now(conn, target)
+            states = survey(conn, target, _select_jobs(conn, None, namespace), now)
+            counts = _attempt_counts(conn, [s.name for s in states])
+    except _NoLedger:
+        states, counts = [], {}
+    sys.stdout.write(exposition(states, counts))
+    return 0
+
+
+@dataclass
+class AttemptCounts:
+    by_status: dict[str, int] = field(default_factory=dict)
+    later: int = 0  # attempts after the first without a rerun reason: retries, takeovers
+    reruns: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_status.values())
+
+
+def _attempt_counts(conn: Connection, names: list[str]) -> dict[str, AttemptCounts]:
+    """Per job, from once_attempts: attempts by status, takeovers and reruns."""
+    from sqlalchemy import case
+
+    found: dict[str, AttemptCounts] = {n: AttemptCounts() for n in names}
+    later = func.sum(case((and_(attempts.c.attempt > 1, attempts.c.reason.is_(None)), 1),
+                          else_=0))
+    reruns = func.sum(case((attempts.c.reason.is_not(None), 1), else_=0))
+    for chunk in _chunks(names, 500):
+        query = (select(attempts.c.job, attempts.c.status, func.count(), later, reruns)
+                 .where(attempts.c.job.in_(chunk))
+                 .group_by(attempts.c.job, attempts.c.status))
+        for job, status_, n, n_later, n_reruns in conn.execute(query):
+            counts = found[job]
+            counts.by_status[status_] = counts.by_status.get(status_, 0) + int(n)
+            counts.later += int(n_later or 0)
+            counts.reruns += int(n_reruns or 0)
+    return found
+
+
+_METRICS = [
+    ("once_job_info", "gauge", "The schedule each job last ran with (always 1)."),
+    ("once_last_success_timestamp_seconds", "gauge",
+     "When the run of the job's latest done period finished, in Unix time."),
+    ("once_last_duration_seconds", "gauge",
+     "How long the run of the job's latest done period took."),
+    ("once_runs_total", "counter",
+     "Attempts by status: done, failed, or running (still running, or never finished: "
+     "taken over or abandoned)."),
+    ("once_fires_total", "counter", "Claims made: every once run, catch-up and rerun call."),
+    ("once_skips_total", "counter",
+     "Claims that ran nothing: the period was done, held or failed out (fires - attempts)."),
+    ("once_takeovers_total", "counter",
+     "Attempts after the first that were not reruns: retries of a failed attempt and "
+     "takeovers of a stale one."),
+    ("once_reruns_total", "counter", "Attempts started by once rerun."),
+    ("once_missing_periods", "gauge",
+     "Due periods with no done row, no failed row and no live attempt."),
+    ("once_failed_periods", "gauge", "Periods whose row is failed."),
+    ("once_failed_out_periods", "gauge", "Failed periods with no attempts left."),
+    ("once_running_attempts", "gauge", "Running attempts with a fresh heartbeat."),
+    ("once_stale_attempts", "gauge", "Running attempts whose heartbeat is stale."),
+]
+
+
+def exposition(states: Sequence[JobState], counts: dict[str, AttemptCounts]) -> str:
+    """The text exposition format: HELP and TYPE once per metric, then its samples."""
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {m[0]: [] for m in _METRICS}
+    for s in states:
+        job = {"once_job": s.name}
+        c = counts.get(s.name, AttemptCounts())
+        samples["once_job_info"].append(
+            ({**job, "kind": s.kind, "schedule": s.spec, "tz": s.tz}, 1))
+        last = s.last_done
+        if last is not None and last.finished_at is not None:
+            samples["once_last_success_timestamp_seconds"].append(
+                (job, last.finished_at.timestamp()))
+            samples["once_last_duration_seconds"].append((job, last.duration or 0.0))
+        for state in ("done", "failed", "running"):
+            samples["once_runs_total"].append(
+                ({**job, "status": state}, c.by_status.get(state, 0)))
+        samples["once_fires_total"].append((job, s.fires))
+        samples["once_skips_total"].append((job, max(0, s.fires - c.total)))
+        samples["once_takeovers_total"].append((job, c.later))
+        samples["once_reruns_total"].append((job, c.reruns))
+        samples["once_missing_periods"].append((job, s.missing))
+        samples["once_failed_periods"].append((job, len(s.failed)))
+        samples["once_failed_out_periods"].append(
+            (job, sum(1 for r in s.failed if s.failed_out(r))))
+        running = s.running
+        stale = sum(1 for r in running if s.is_stale(r))
+        samples["once_running_attempts"].append((job, len(running) - stale))
+        samples["once_stale_attempts"].append((job, stale))
+    lines = []
+    for name, kind, help_text in _METRICS:
+        lines.append(f"# HELP {name} {_escape_help(help_text)}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples[name]:
+            body = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels.items())
+            lines.append(f"{name}{{{body}}} {_number(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+# -- output ----------------------------------------------------------------------------------
+
+
+def _tty() -> bool:
+    return sys.stdout.isatty()
+
+
+def _print(text: str) -> None:
+    sys.stdout.write(text + "\n")
+
+
+def _say(message: str) -> None:
+    print(f"once: {message}", file=sys.stderr)
+
+
+def _age(seconds: float) -> str:
+    """A short duration: 42s, 5m, 3h 12m, 2d 4h."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes}m" if minutes else f"{hours}h"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h" if hours else f"{days}d"
+
+
+def _took(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds:.1f}s" if seconds < 60 else _age(seconds)
+
+
+Cell = tuple[str, str]  # (text, rich style; "" for none)
+
+STATUS_HEADERS = ["JOB", "SCHEDULE", "TZ", "LAST DONE", "FINISHED", "TOOK", "RUNNING",
+                  "FAILED", "MISSING", "NEXT"]
+
+
+def status_cells(s: JobState, now: datetime) -> list[Cell]:
+    """One row of the status table."""
+    if s.sched is None:
+        return [(s.name, "bold"), (s.schedule_text, ""), (s.tz, ""),
+                (f"cannot read the schedule: {s.error}", "red"), *[("", "")] * 6]
+    last = s.last_done
+    running = s.running
+    if running:
+        r = running[-1]
+        stale = s.is_stale(r)
+        text = (f"{r.period} {r.owner} #{r.attempt}, beat {_age(s.heartbeat_age(r))} ago"
+                + (" STALE" if stale else ""))
+        if len(running) > 1:
+            text += f" (+{len(running) - 1})"
+        run_cell: Cell = (text, "bold yellow" if any(s.is_stale(x) for x in running) else "cyan")
+    else:
+        run_cell = ("-", "")
+    failed = s.failed
+    out = sum(1 for r in failed if s.failed_out(r))
+    failed_cell: Cell = (f"{len(failed)}" + (f" ({out} out)" if out else ""),
+                         "bold red" if failed else "")
+    missing = s.missing
+    keys = s.missing_keys(1)
+    missing_text = str(missing) + ("+" if s.no_row_at_least else "")
+    if keys:
+        missing_text += f" from {keys[0]}"
+    next_text = "-"
+    if s.next is not None and s.next_at is not None:
+        next_text = f"{s.next.key} in {_age((s.next_at - now).total_seconds())}"
+    return [
+        (s.name, "bold"),
+        (s.schedule_text, ""),
+        (s.tz, ""),
+        (last.period if last else "never", "green" if last else "yellow"),
+        (f"{_age((now - last.finished_at).total_seconds())} ago"
+         if last and last.finished_at else "-", ""),
+        (_took(last.duration) if last else "-", ""),
+        run_cell,
+        failed_cell,
+        (missing_text, "bold red" if missing else ""),
+        (next_text, ""),
+    ]
+
+
+def _render_status(states: Sequence[JobState], now: datetime, target: Target) -> None:
+    rows = [status_cells(s, now) for s in states]
+    if _tty():
+        render_rich(STATUS_HEADERS, rows, caption=target.redacted)
+    else:
+        _print(plain_table(STATUS_HEADERS, rows))
+
+
+HISTORY_HEADERS = ["PERIOD", "ATTEMPT", "FENCE", "OWNER", "STARTED", "FINISHED", "TOOK",
+                   "STATUS", "EXIT", "REASON"]
+
+
+def _render_history(job: str, tz: str, entries: list[dict[str, Any]]) -> None:
+    style = {"done": "green", "failed": "bold red", "timed-out": "bold red",
+             "exec-failed": "bold red", "interrupted": "red", "stale": "bold yellow",
+             "running": "cyan", "taken-over": "yellow"}
+
+    def local(text: str | None) -> str:
+        return text[:19].replace("T", " ") if text else "-"
+
+    rows = [[(e["period"], ""), (str(e["attempt"]), ""), (str(e["fence"]), ""),
+             (e["owner"], ""), (local(e["started_at"]), ""), (local(e["finished_at"]), ""),
+             (_took(e["duration_s"]), ""), (_status_word(e), style.get(
+                 e["status"] if e["outcome"] in _PLAIN_OUTCOMES else e["outcome"], "")),
+             ("-" if e["exit_code"] is None else str(e["exit_code"]), ""),
+             (e["reason"] or "", "")] for e in entries]
+    headers = [*HISTORY_HEADERS]
+    headers[4] = f"STARTED ({tz})"
+    if _tty():
+        render_rich(headers, rows, title=job)
+    else:
+        _print(plain_table(headers, rows))
+
+
+# Outcomes that say no more than the status itself (the runner records `exited`).
+_PLAIN_OUTCOMES = (None, "exited", "done", "failed")
+
+
+def _status_word(entry: dict[str, Any]) -> str:
+    """done, failed, failed (timed-out), running, stale, taken-over."""
+    status_, outcome = entry["status"], entry["outcome"]
+    if status_ == "running":
+        return str(outcome)
+    return status_ if outcome in _PLAIN_OUTCOMES else f"{status_} ({outcome})"
+
+
+def plain_table(headers: Sequence[str], rows: Sequence[Sequence[Cell]]) -> str:
+    """Columns aligned with spaces: no colour, no box drawing, one line a row."""
+    table = [list(headers), *[[text for text, _ in row] for row in rows]]
+    widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+                     .rstrip() for row in table)
+
+
+def render_rich(headers: Sequence[str], rows: Sequence[Sequence[Cell]], title: str = "",
+                caption: str = "") -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=box.SIMPLE_HEAD, title=title or None, caption=caption or None,
+                  header_style="bold", title_justify="left", caption_justify="left")
+    for header in headers:
+        table.add_column(header, overflow="fold")
+    for row in rows:
+        table.add_row(*[Text(text, style=style) for text, style in row])
+    Console(highlight=False).print(table)
+
+
+# -- timelines -------------------------------------------------------------------------------
+
+# How many periods --timeline shows by default, per spec.
+DEFAULT_LAST = {"minute": 180, "hour": 168, "day": 91, "week": 52, "month": 24,
+                "quarter": 12, "year": 10}
+MAX_LAST = 20_000
+
+
+def default_last(s: JobState) -> int:
+    if s.kind != "every":
+        return 60
+    if s.spec in DEFAULT_LAST:
+        return DEFAULT_LAST[s.spec]
+    n, unit = int(s.spec[:-1]), s.spec[-1]
+    return 7 * 24 // n if unit == "h" else 6 * 60 // n
+
+
+def _timelines(target: Target, states: Sequence[JobState],
+               last: int | None) -> dict[str, list[tuple[Period, str]]]:
+    """Each job's latest periods, up to the one `once run` claims now, and their state:
+    done, failed, missing, running, stale, pending (not due yet) or none (before the first)."""
+    drawn: dict[str, list[tuple[Period, str]]] = {}
+    with _reading(target) as conn:
+        for s in states:
+            if s.sched is None or s.current is None:
+                drawn[s.name] = []
+                continue
+            count = min(max(1, last or default_last(s)), MAX_LAST)
+            shown = [s.current]
+            first = _utc(s.first.start) if s.first is not None else _NEVER
+            while len(shown) < count and _utc(shown[-1].start) > first:
+                shown.append(s.sched.previous(shown[-1]))  # not before the job's first period
+            shown.reverse()
+            query = select(runs.c.period, runs.c.status, runs.c.heartbeat_at).where(
+                runs.c.job == s.name,
+                runs.c.period_start >= _bind(target, shown[0].start),
+                runs.c.period_start < _bind(target, shown[-1].end))
+            rows = {r.period: r for r in conn.execute(query)}
+            drawn[s.name] = [(p, _cell(s, p, rows.get(p.key))) for p in shown]
+    return drawn
+
+
+def _cell(s: JobState, period: Period, row: Any) -> str:
+    if row is not None:
+        if row.status == "running":
+            age = (s.now - _utc(row.heartbeat_at)).total_seconds()
+            return "stale" if age > s.stale_after else "running"
+        return str(row.status)
+    start = _utc(period.start)
+    if s.first is None or start < _utc(s.first.start):
+        return "none"
+    if s.due_last is not None and start <= _utc(s.due_last.start):
+        return "missing"
+    return "pending"
