@@ -22,7 +22,6 @@ check: lint types
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
 
 types: $(STAMP)
 	$(BIN)/mypy

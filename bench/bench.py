@@ -124,7 +124,8 @@ def postgres_url() -> str:
 
 
 def main() -> None:
-    print(f"once bench: {ROUNDS} rounds, median wall time per process, python {sys.version.split()[0]}")
+    python = sys.version.split()[0]
+    print(f"once bench: {ROUNDS} rounds, median wall time per process, python {python}")
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         db = directory / "ledger.db"

@@ -26,7 +26,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "ONCE",
            "max_content_width": 100}
 
 
-class Duration(click.ParamType):
+class Duration(click.ParamType):  # type: ignore[type-arg]  # generic since click 8.5
     """90, 90s, 5m, 2h, 1d, 1h30m: seconds as a float."""
 
     name = "duration"
@@ -135,7 +135,8 @@ def verbosity_options(func: F) -> F:
               help="First make up to N missed periods after the latest done one, oldest "
                    "first.")
 @click.option("--skipped-exit-code", default=0, show_default=True,
-              type=click.IntRange(0, 255), metavar="N", help="Exit status when the period is skipped.")
+              type=click.IntRange(0, 255), metavar="N",
+              help="Exit status when the period is skipped.")
 @verbosity_options
 @command_argument
 def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
@@ -226,10 +226,8 @@ class Ledger:
     def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
+            with suppress(Exception):  # a dead connection may fail to close; it is gone anyway
                 conn.close()
-            except Exception:  # a dead connection may fail to close; it is gone either way
-                pass
 
     def __enter__(self) -> Ledger:
         return self
@@ -319,9 +317,8 @@ class Ledger:
         raise NotImplementedError
 
     def _from_db_time(self, value: Any) -> datetime:
-        if isinstance(value, str):
-            value = datetime.fromisoformat(value)
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        instant: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
+        return instant.replace(tzinfo=UTC) if instant.tzinfo is None else instant.astimezone(UTC)
 
     def _open(self) -> Any:
         raise NotImplementedError
@@ -367,7 +364,8 @@ class Ledger:
         except LedgerError:
             raise
         except Exception as exc:
-            raise LedgerError(f"{doing} the ledger {self.target.redacted}: {describe(exc)}") from exc
+            where = self.target.redacted
+            raise LedgerError(f"{doing} the ledger {where}: {describe(exc)}") from exc
 
 
 def describe(exc: BaseException) -> str:
@@ -755,10 +753,8 @@ class MysqlLedger(Ledger):
         return rows
 
     def _rollback(self) -> None:
-        try:
+        with suppress(Exception):  # the connection is broken; the next statement reconnects
             self._conn.rollback()
-        except Exception:  # the connection is broken; the next statement reconnects
-            pass
 
     def _time(self, instant: datetime) -> Any:
         return instant.astimezone(UTC).replace(tzinfo=None)

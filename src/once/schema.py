@@ -49,7 +49,6 @@ Key = String(255).with_variant(
 )
 
 metadata = MetaData()
-_mysql = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
 
 runs = Table(
     "once_runs", metadata,
@@ -69,7 +68,8 @@ runs = Table(
     # Reports count each job's done rows in its due range, and find its latest done period,
     # from this index alone (once status / once check over 1M rows).
     Index("once_runs_job_status_start", "job", "status", "period_start"),
-    **_mysql,
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
 )
 
 attempts = Table(
@@ -86,7 +86,8 @@ attempts = Table(
     Column("outcome", String(16), nullable=True),
     Column("reason", Text, nullable=True),
     Index("once_attempts_job_started", "job", "started_at"),
-    **_mysql,
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
 )
 
 jobs = Table(
@@ -103,19 +104,21 @@ jobs = Table(
     Column("first_period_start", UtcTime, nullable=False),
     Column("created_at", UtcTime, nullable=False),
     Column("last_fire_at", UtcTime, nullable=False),
-    **_mysql,
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
 )
 
 meta = Table(
     "once_meta", metadata,
     Column("name", String(64), primary_key=True),
     Column("value", String(255), nullable=False),
-    **_mysql,
+    mysql_engine="InnoDB",
+    mysql_charset="utf8mb4",
 )
 
 DIALECTS: dict[str, Dialect] = {
     "sqlite": sqlite.dialect(),
-    "postgresql": postgresql.dialect(),
+    "postgresql": postgresql.dialect(),  # type: ignore[no-untyped-call]
     "mysql": mysql.dialect(),
 }
 

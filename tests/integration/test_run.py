@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers import ONCE, release_together, run_once
 from ledger_sql import query, scalar
 
