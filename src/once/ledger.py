@@ -171,6 +171,10 @@ class Job:
     lag: int = 0
     max_attempts: int = 3
     stale_after: float = 300.0
+    shards: int = 1
+
+
+STATE_LIMIT = 64 * 1024  # bytes of UTF-8
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,8 @@ class Claim:
     status: str = "running"  # skipped: the row's status as found
     owner: str = ""  # skipped: who holds it
     heartbeat_age: float | None = None  # skipped: seconds since its last heartbeat
+    state: str | None = None  # won: the job's watermark as the claim found it
+    state_version: int = 0  # won: its version, for the compare-and-set of the finish
 
     @property
     def skip_reason(self) -> str:
@@ -238,14 +244,19 @@ class Ledger:
     # the statements
 
     def claim(self, job: Job, key: str, start: datetime, end: datetime, owner: str,
-              rerun: bool = False, reason: str | None = None) -> Claim:
-        """Insert `(job, key)` as running, or take it over; else say who holds it."""
+              rerun: bool = False, reason: str | None = None,
+              command_hash: str | None = None) -> Claim:
+        """Insert `(job, key)` as running, or take it over; else say who holds it.
+
+        A won claim also carries the job's watermark (`--state`) as it stood.
+        """
         params = {
             "job": job.name, "period": key, "owner": owner, "kind": job.kind,
             "schedule": job.schedule, "tz": job.tz, "lag": job.lag,
             "max_attempts": job.max_attempts, "stale_after": job.stale_after,
-            "period_start": self._time(start), "period_end": self._time(end),
-            "rerun": rerun, "reason": reason,
+            "shards": job.shards, "period_start": self._time(start),
+            "period_end": self._time(end), "rerun": rerun, "reason": reason,
+            "command_hash": command_hash,
         }
         return self._with_schema(lambda: self._claim(params))
 
@@ -257,16 +268,33 @@ class Ledger:
             return self._renew(params)
 
     def finish(self, job: str, key: str, attempt: int, status: Status,
-               exit_code: int | None, outcome: str) -> bool:
+               exit_code: int | None, outcome: str, state: str | None = None,
+               state_version: int = 0) -> bool:
         """Record done or failed for our attempt; False when the row is no longer ours.
 
         `outcome` (done, failed, timed-out, exec-failed, interrupted) goes to the history only.
+        With `state` (only for done), the job's watermark is set in the same atomic write,
+        and only if it is still at `state_version` (else nothing is written: False).
         """
         params = {"job": job, "period": key, "attempt": attempt, "status": status,
-                  "exit_code": exit_code, "outcome": outcome}
+                  "exit_code": exit_code, "outcome": outcome, "state": state,
+                  "state_version": state_version}
         with self._errors("cannot record the result in"):
             self.connect()
+            if state is not None and status == "done":
+                return self._finish_with_state(params)
             return self._finish(params)
+
+    def set_state(self, job: str, value: str, owner: str) -> int:
+        """Set the watermark deliberately (`once state --set`); return its new version.
+
+        Recorded in the history as a `(state)` row, so that `once history` shows it.
+        """
+        params = {"job": job, "state": value, "owner": owner,
+                  "reason": f"state set: {value[:200]}"}
+        with self._errors("cannot set the state in"):
+            self.connect()
+            return self._set_state(params)
 
     # reads for catch-up and rerun (one round trip each, still no SQLAlchemy)
 
@@ -279,8 +307,15 @@ class Ledger:
         WHERE job = %(job)s AND period_start >= %(start)s AND period_start < %(end)s"""
 
     JOB_INFO = """
-        SELECT kind, schedule, tz, lag, max_attempts, stale_after FROM once_jobs
+        SELECT kind, schedule, tz, lag, max_attempts, stale_after, shards FROM once_jobs
         WHERE job = %(job)s"""
+
+    STATE = """SELECT state, state_version FROM once_jobs WHERE job = %(job)s"""
+
+    LAST_COMMAND = """
+        SELECT command_hash FROM once_attempts
+        WHERE job = %(job)s AND command_hash IS NOT NULL
+        ORDER BY started_at DESC LIMIT 1"""
 
     def latest_done(self, job: str) -> datetime | None:
         """The start (UTC) of the job's latest done period, None when nothing is done."""
@@ -298,8 +333,18 @@ class Ledger:
         rows = self._read(self.JOB_INFO, {"job": name})
         if not rows:
             return None
-        kind, sched, tz, lag, max_attempts, stale_after = rows[0]
-        return Job(name, kind, sched, tz, lag, max_attempts, float(stale_after))
+        kind, sched, tz, lag, max_attempts, stale_after, shards = rows[0]
+        return Job(name, kind, sched, tz, lag, max_attempts, float(stale_after), shards)
+
+    def state(self, job: str) -> tuple[str | None, int]:
+        """The job's watermark and its version ((None, 0) when never set)."""
+        rows = self._read(self.STATE, {"job": job})
+        return (rows[0][0], int(rows[0][1])) if rows else (None, 0)
+
+    def last_command(self, job: str) -> str | None:
+        """The command hash of the job's latest attempt (for --require-same-command)."""
+        rows = self._read(self.LAST_COMMAND, {"job": job})
+        return rows[0][0] if rows else None
 
     def _read(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         with self._errors("cannot read"):
@@ -330,6 +375,12 @@ class Ledger:
         raise NotImplementedError
 
     def _finish(self, params: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def _finish_with_state(self, params: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def _set_state(self, params: dict[str, Any]) -> int:
         raise NotImplementedError
 
     def _is_schema_error(self, exc: Exception) -> bool:
@@ -385,16 +436,18 @@ class SqliteLedger(Ledger):
 
     UPSERT_JOB = f"""
         INSERT INTO once_jobs (job, fence, fires, kind, schedule, tz, lag, max_attempts,
-                               stale_after, first_period_start, created_at, last_fire_at)
-        VALUES (:job, 1, 1, :kind, :schedule, :tz, :lag, :max_attempts, :stale_after,
+                               stale_after, shards, first_period_start, created_at,
+                               last_fire_at)
+        VALUES (:job, 1, 1, :kind, :schedule, :tz, :lag, :max_attempts, :stale_after, :shards,
                 :period_start, {_SQLITE_NOW}, {_SQLITE_NOW})
         ON CONFLICT (job) DO UPDATE SET
             fence = fence + 1, fires = fires + 1, kind = excluded.kind,
             schedule = excluded.schedule, tz = excluded.tz, lag = excluded.lag,
             max_attempts = excluded.max_attempts, stale_after = excluded.stale_after,
+            shards = excluded.shards,
             first_period_start = min(first_period_start, excluded.first_period_start),
             last_fire_at = excluded.last_fire_at
-        RETURNING fence"""
+        RETURNING fence, state, state_version"""
 
     CLAIM_RUN = f"""
         INSERT INTO once_runs (job, period, status, attempt, fence, owner, period_start,
@@ -417,8 +470,21 @@ class SqliteLedger(Ledger):
         FROM once_runs WHERE job = :job AND period = :period"""
 
     LOG_ATTEMPT = """
-        INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at, reason)
-        VALUES (:job, :period, :attempt, :fence, :owner, 'running', :started_at, :reason)"""
+        INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at, reason,
+                                   command_hash)
+        VALUES (:job, :period, :attempt, :fence, :owner, 'running', :started_at, :reason,
+                :command_hash)"""
+
+    SET_STATE = f"""
+        UPDATE once_jobs SET state = :state, state_version = state_version + 1
+        WHERE job = :job
+        RETURNING state_version, fence, {_SQLITE_NOW}"""
+
+    LOG_STATE = """
+        INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at,
+                                   finished_at, outcome, reason)
+        VALUES (:job, '(state)', :version, :fence, :owner, 'done', :now, :now, 'state-set',
+                :reason)"""
 
     RENEW = f"""
         UPDATE once_runs SET heartbeat_at = {_SQLITE_NOW}
@@ -466,7 +532,7 @@ class SqliteLedger(Ledger):
     def _claim(self, params: dict[str, Any]) -> Claim:
         params = {**params, "rerun": int(params["rerun"])}
         with self._transaction() as cur:
-            (fence,) = cur.execute(self.UPSERT_JOB, params).fetchone()
+            fence, state, version = cur.execute(self.UPSERT_JOB, params).fetchone()
             row = cur.execute(self.CLAIM_RUN, {**params, "fence": fence}).fetchone()
             if row is None:
                 status, attempt, held_fence, owner, age = cur.execute(
@@ -475,7 +541,7 @@ class SqliteLedger(Ledger):
             attempt, fence, started_at = row
             cur.execute(self.LOG_ATTEMPT, {**params, "attempt": attempt, "fence": fence,
                                            "started_at": started_at})
-        return Claim(True, attempt, fence)
+        return Claim(True, attempt, fence, state=state, state_version=version)
 
     def _renew(self, params: dict[str, Any]) -> bool:
         with self._transaction() as cur:
@@ -487,6 +553,34 @@ class SqliteLedger(Ledger):
                 return False
             cur.execute(self.FINISH_ATTEMPT, params)
         return True
+
+    def _finish_with_state(self, params: dict[str, Any]) -> bool:
+        # BEGIN IMMEDIATE holds SQLite's write lock: the version check and both writes are
+        # one atomic step.
+        with self._transaction() as cur:
+            version = cur.execute(self._STATE_VERSION, params).fetchone()
+            if version is None or version[0] != params["state_version"]:
+                return False
+            if cur.execute(self.FINISH_RUN, params).rowcount != 1:
+                return False
+            cur.execute(self.FINISH_ATTEMPT, params)
+            cur.execute(self._ADVANCE_STATE, params)
+        return True
+
+    _STATE_VERSION = "SELECT state_version FROM once_jobs WHERE job = :job"
+    _ADVANCE_STATE = """
+        UPDATE once_jobs SET state = :state, state_version = state_version + 1
+        WHERE job = :job"""
+
+    def _set_state(self, params: dict[str, Any]) -> int:
+        with self._transaction() as cur:
+            row = cur.execute(self.SET_STATE, params).fetchone()
+            if row is None:
+                raise LedgerError(f"unknown job {params['job']!r}: it has never run")
+            version, fence, now = row
+            cur.execute(self.LOG_STATE, {**params, "version": version, "fence": fence,
+                                         "now": now})
+        return int(version)
 
     def _time(self, instant: datetime) -> Any:
         return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
@@ -511,16 +605,19 @@ class PostgresLedger(Ledger):
     CLAIM = """
         WITH job AS (
             INSERT INTO once_jobs AS j (job, fence, fires, kind, schedule, tz, lag, max_attempts,
-                                        stale_after, first_period_start, created_at, last_fire_at)
+                                        stale_after, shards, first_period_start, created_at,
+                                        last_fire_at)
             VALUES (%(job)s, 1, 1, %(kind)s, %(schedule)s, %(tz)s, %(lag)s, %(max_attempts)s,
-                    %(stale_after)s, %(period_start)s, clock_timestamp(), clock_timestamp())
+                    %(stale_after)s, %(shards)s, %(period_start)s, clock_timestamp(),
+                    clock_timestamp())
             ON CONFLICT (job) DO UPDATE SET
                 fence = j.fence + 1, fires = j.fires + 1, kind = excluded.kind,
                 schedule = excluded.schedule, tz = excluded.tz, lag = excluded.lag,
                 max_attempts = excluded.max_attempts, stale_after = excluded.stale_after,
+                shards = excluded.shards,
                 first_period_start = least(j.first_period_start, excluded.first_period_start),
                 last_fire_at = excluded.last_fire_at
-            RETURNING fence
+            RETURNING fence, state, state_version
         ), won AS (
             INSERT INTO once_runs AS r (job, period, status, attempt, fence, owner, period_start,
                                         period_end, started_at, heartbeat_at)
@@ -538,15 +635,17 @@ class PostgresLedger(Ledger):
             RETURNING r.attempt, r.fence, r.started_at
         ), logged AS (
             INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at,
-                                       reason)
+                                       reason, command_hash)
             SELECT %(job)s, %(period)s, attempt, fence, %(owner)s, 'running', started_at,
-                   %(reason)s
+                   %(reason)s, %(command_hash)s
             FROM won
         )
-        SELECT true, attempt, fence, 'running', %(owner)s, 0.0 FROM won
+        SELECT true, attempt, won.fence, 'running', %(owner)s, 0.0, job.state,
+               job.state_version
+        FROM won, job
         UNION ALL
         SELECT false, r.attempt, r.fence, r.status, r.owner,
-               extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8
+               extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8, NULL, 0
         FROM once_runs r
         WHERE r.job = %(job)s AND r.period = %(period)s AND NOT EXISTS (SELECT FROM won)"""
 
@@ -571,6 +670,45 @@ class PostgresLedger(Ledger):
         )
         SELECT count(*) FROM fin"""
 
+    # The same finish, and the watermark with it, in one statement: the job row is locked
+    # first (FOR UPDATE returns its newest version), the run row is finished only if the
+    # watermark is still at the version the claim read, and the watermark moves only if the
+    # run row was ours.
+    FINISH_STATE = """
+        WITH j AS (
+            SELECT state_version = %(state_version)s AS fresh FROM once_jobs
+            WHERE job = %(job)s FOR UPDATE
+        ), fin AS (
+            UPDATE once_runs SET status = 'done', exit_code = %(exit_code)s,
+                   finished_at = clock_timestamp(), heartbeat_at = clock_timestamp()
+            WHERE job = %(job)s AND period = %(period)s AND attempt = %(attempt)s
+              AND status = 'running' AND (SELECT fresh FROM j)
+            RETURNING finished_at
+        ), logged AS (
+            UPDATE once_attempts a SET status = 'done', exit_code = %(exit_code)s,
+                   outcome = %(outcome)s, finished_at = fin.finished_at
+            FROM fin
+            WHERE a.job = %(job)s AND a.period = %(period)s AND a.attempt = %(attempt)s
+        ), advanced AS (
+            UPDATE once_jobs SET state = %(state)s, state_version = state_version + 1
+            FROM fin WHERE once_jobs.job = %(job)s
+        )
+        SELECT count(*) FROM fin"""
+
+    SET_STATE = """
+        WITH changed AS (
+            UPDATE once_jobs SET state = %(state)s, state_version = state_version + 1
+            WHERE job = %(job)s
+            RETURNING state_version, fence
+        ), logged AS (
+            INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at,
+                                       finished_at, outcome, reason)
+            SELECT %(job)s, '(state)', state_version, fence, %(owner)s, 'done',
+                   clock_timestamp(), clock_timestamp(), 'state-set', %(reason)s
+            FROM changed
+        )
+        SELECT state_version FROM changed"""
+
     def _open(self) -> Any:
         import psycopg
 
@@ -588,8 +726,8 @@ class PostgresLedger(Ledger):
         row = self._conn.execute(self.CLAIM, params).fetchone()
         if row is None:  # the row was inserted by a claimer our snapshot cannot see yet
             return Claim(False, 0, 0, "running", "another process", 0.0)
-        won, attempt, fence, status, owner, age = row
-        return Claim(won, attempt, fence, status, owner, age)
+        won, attempt, fence, status, owner, age, state, version = row
+        return Claim(won, attempt, fence, status, owner, age, state, version)
 
     def _renew(self, params: dict[str, Any]) -> bool:
         return bool(self._conn.execute(self.RENEW, params).rowcount == 1)
@@ -597,6 +735,16 @@ class PostgresLedger(Ledger):
     def _finish(self, params: dict[str, Any]) -> bool:
         (count,) = self._conn.execute(self.FINISH, params).fetchone()
         return bool(count == 1)
+
+    def _finish_with_state(self, params: dict[str, Any]) -> bool:
+        (count,) = self._conn.execute(self.FINISH_STATE, params).fetchone()
+        return bool(count == 1)
+
+    def _set_state(self, params: dict[str, Any]) -> int:
+        row = self._conn.execute(self.SET_STATE, params).fetchone()
+        if row is None:
+            raise LedgerError(f"unknown job {params['job']!r}: it has never run")
+        return int(row[0])
 
     def _is_schema_error(self, exc: Exception) -> bool:
         return getattr(exc, "sqlstate", None) in ("42P01", "42703")  # undefined table/column
@@ -616,14 +764,17 @@ class MysqlLedger(Ledger):
 
     # LAST_INSERT_ID(expr) hands the new fence back in the OK packet: no extra SELECT.
     UPSERT_JOB = f"""
-        INSERT INTO once_jobs (job, fence, fires, kind, schedule, tz, lag, max_attempts,
-                               stale_after, first_period_start, created_at, last_fire_at)
+        INSERT INTO once_jobs (job, fence, fires, kind, schedule, tz, `lag`, max_attempts,
+                               stale_after, shards, first_period_start, created_at,
+                               last_fire_at)
         VALUES (%(job)s, LAST_INSERT_ID(1), 1, %(kind)s, %(schedule)s, %(tz)s, %(lag)s,
-                %(max_attempts)s, %(stale_after)s, %(period_start)s, {_MY_NOW}, {_MY_NOW})
+                %(max_attempts)s, %(stale_after)s, %(shards)s, %(period_start)s, {_MY_NOW},
+                {_MY_NOW})
         ON DUPLICATE KEY UPDATE
             fence = LAST_INSERT_ID(fence + 1), fires = fires + 1, kind = VALUES(kind),
-            schedule = VALUES(schedule), tz = VALUES(tz), lag = VALUES(lag),
+            schedule = VALUES(schedule), tz = VALUES(tz), `lag` = VALUES(`lag`),
             max_attempts = VALUES(max_attempts), stale_after = VALUES(stale_after),
+            shards = VALUES(shards),
             first_period_start = LEAST(first_period_start, VALUES(first_period_start)),
             last_fire_at = VALUES(last_fire_at)"""
 
@@ -650,9 +801,32 @@ class MysqlLedger(Ledger):
         FROM once_runs WHERE job = %(job)s AND period = %(period)s"""
 
     LOG_ATTEMPT = """
-        INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at, reason)
-        SELECT job, period, attempt, fence, owner, 'running', started_at, %(reason)s
+        INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at, reason,
+                                   command_hash)
+        SELECT job, period, attempt, fence, owner, 'running', started_at, %(reason)s,
+               %(command_hash)s
         FROM once_runs WHERE job = %(job)s AND period = %(period)s"""
+
+    # MySQL 8 reserves LAG (a window function): quote it.
+    JOB_INFO = Ledger.JOB_INFO.replace(" lag,", " `lag`,")
+
+    LOCK_STATE = "SELECT state, state_version FROM once_jobs WHERE job = %(job)s FOR UPDATE"
+
+    ADVANCE_STATE = """
+        UPDATE once_jobs SET state = %(state)s, state_version = state_version + 1
+        WHERE job = %(job)s"""
+
+    SET_STATE = """
+        UPDATE once_jobs SET state = %(state)s,
+               state_version = LAST_INSERT_ID(state_version + 1)
+        WHERE job = %(job)s"""
+
+    LOG_STATE = f"""
+        INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at,
+                                   finished_at, outcome, reason)
+        SELECT job, '(state)', state_version, fence, %(owner)s, 'done', {_MY_NOW}, {_MY_NOW},
+               'state-set', %(reason)s
+        FROM once_jobs WHERE job = %(job)s"""
 
     RENEW = f"""
         UPDATE once_runs SET heartbeat_at = {_MY_NOW}
@@ -716,8 +890,10 @@ class MysqlLedger(Ledger):
                 return Claim(False, attempt, held_fence, status, owner, float(age))
             attempt = cur.lastrowid
         cur.execute(self.LOG_ATTEMPT, params)
+        cur.execute(self.LOCK_STATE, params)  # the job row is ours until the commit anyway
+        state, version = cur.fetchone()
         self._conn.commit()
-        return Claim(True, attempt, fence)
+        return Claim(True, attempt, fence, state=state, state_version=version)
 
     def _renew(self, params: dict[str, Any]) -> bool:
         try:
@@ -740,6 +916,39 @@ class MysqlLedger(Ledger):
             self._rollback()
             raise
         return True
+
+    def _finish_with_state(self, params: dict[str, Any]) -> bool:
+        try:
+            cur = self._conn.cursor()
+            cur.execute(self.LOCK_STATE, params)
+            row = cur.fetchone()
+            if (row is None or row[1] != params["state_version"]
+                    or cur.execute(self.FINISH_RUN, params) != 1):
+                self._conn.rollback()
+                return False
+            cur.execute(self.FINISH_ATTEMPT, params)
+            cur.execute(self.ADVANCE_STATE, params)
+            self._conn.commit()
+        except Exception:
+            self._rollback()
+            raise
+        return True
+
+    def _set_state(self, params: dict[str, Any]) -> int:
+        try:
+            cur = self._conn.cursor()
+            if cur.execute(self.SET_STATE, params) != 1:
+                self._conn.rollback()
+                raise LedgerError(f"unknown job {params['job']!r}: it has never run")
+            version = cur.lastrowid
+            cur.execute(self.LOG_STATE, params)
+            self._conn.commit()
+        except LedgerError:
+            raise
+        except Exception:
+            self._rollback()
+            raise
+        return int(version)
 
     def _fetch(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         try:

@@ -85,6 +85,7 @@ attempts = Table(
     Column("exit_code", Integer, nullable=True),
     Column("outcome", String(16), nullable=True),
     Column("reason", Text, nullable=True),
+    Column("command_hash", String(64), nullable=True),
     Index("once_attempts_job_started", "job", "started_at"),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
@@ -104,6 +105,11 @@ jobs = Table(
     Column("first_period_start", UtcTime, nullable=False),
     Column("created_at", UtcTime, nullable=False),
     Column("last_fire_at", UtcTime, nullable=False),
+    Column("shards", Integer, nullable=False, server_default="1"),
+    # The watermark of `--state`: advanced only with a done, fenced finish (compare-and-set
+    # on state_version), at most 64 KiB of UTF-8 (MEDIUMTEXT: MySQL's TEXT stops short of it).
+    Column("state", Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb"), nullable=True),
+    Column("state_version", BigInteger, nullable=False, server_default="0"),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
 )
