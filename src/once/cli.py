@@ -113,6 +113,17 @@ def liveness_options(func: F) -> F:
         click.option("--max-attempts", default=3, show_default=True,
                      type=click.IntRange(min=1), metavar="N",
                      help="Retry a failed period until this many attempts have run."),
+        click.option("--state", is_flag=True,
+                     help="Give the command the job's watermark in ONCE_STATE and take a new "
+                          "one from the file ONCE_STATE_OUT names (stored only with a done, "
+                          "fenced finish)."),
+        click.option("--shards", default=1, show_default=True, type=click.IntRange(1, 1000),
+                     metavar="N",
+                     help="Split each period into N shards (rows KEY#0..KEY#N-1), claimed "
+                          "independently; ONCE_SHARD and ONCE_SHARDS tell the command which."),
+        click.option("--version-tag", metavar="TEXT",
+                     help="Counts as part of the command when telling whether hosts run "
+                          "different commands under one job."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -137,12 +148,19 @@ def verbosity_options(func: F) -> F:
 @click.option("--skipped-exit-code", default=0, show_default=True,
               type=click.IntRange(0, 255), metavar="N",
               help="Exit status when the period is skipped.")
+@click.option("--all-shards", is_flag=True,
+              help="With --shards: keep claiming shards of the period until none is left.")
+@click.option("--require-same-command", is_flag=True,
+              help="Refuse (exit 2) to run under a command other than the one the job's "
+                   "latest attempt ran.")
 @verbosity_options
 @command_argument
 def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
         db_password_file: str | None, namespace: str | None, lag: int, stale_after: float,
-        kill_after: float, timeout: float | None, max_attempts: int, catchup: int,
-        skipped_exit_code: int, verbose: int, quiet: bool, command: tuple[str, ...]) -> int:
+        kill_after: float, timeout: float | None, max_attempts: int, state: bool, shards: int,
+        version_tag: str | None, catchup: int, skipped_exit_code: int, all_shards: bool,
+        require_same_command: bool, verbose: int, quiet: bool,
+        command: tuple[str, ...]) -> int:
     """Claim the current period of JOB and, if this call wins it, run COMMAND.
 
     COMMAND runs directly (no shell) with ONCE_JOB, ONCE_PERIOD, ONCE_PERIOD_START,
@@ -155,13 +173,21 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
     from once.periods import schedule as make_schedule
 
     sched = make_schedule(every, cron, tz)
-    the_job = core_job(job, namespace, sched, lag, max_attempts, stale_after)
+    the_job = core_job(job, namespace, sched, lag, max_attempts, stale_after, shards)
     target = open_target(db, db_password_file)
     settings = core.Settings(kill_after=kill_after, timeout=timeout,
                              skipped_exit_code=skipped_exit_code,
-                             verbosity=_verbosity(verbose, quiet))
+                             verbosity=_verbosity(verbose, quiet), state=state,
+                             command_hash=core.command_hash(command, version_tag))
     period = core.current_period(sched, lag)
     with ledger_for(target, stale_after) as ledger:
+        if require_same_command:
+            last = ledger.last_command(the_job.name)
+            if last is not None and last != settings.command_hash:
+                raise click.UsageError(
+                    f"job {the_job.name} last ran a different command (fingerprint {last}, "
+                    f"this one {settings.command_hash}): rename the job or drop "
+                    f"--require-same-command")
         if catchup:
             try:
                 missed = core.missing_periods(ledger, the_job, sched, None,
@@ -171,7 +197,7 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
             status = core.catch_up(ledger, the_job, missed, command, settings)
             if status:
                 return status
-        return core.run_period(ledger, the_job, period, command, settings).status
+        return core.run_shards(ledger, the_job, period, command, settings, all_shards).status
 
 
 def _verbosity(verbose: int, quiet: bool) -> int:
@@ -202,7 +228,8 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
             db_password_file: str | None, namespace: str | None, since: str | None,
             until: str | None, max_count: int | None, keep_going: bool, dry_run: bool,
             lag: int, stale_after: float, kill_after: float, timeout: float | None,
-            max_attempts: int, verbose: int, quiet: bool, command: tuple[str, ...]) -> int:
+            max_attempts: int, state: bool, shards: int, version_tag: str | None,
+            verbose: int, quiet: bool, command: tuple[str, ...]) -> int:
     """Run COMMAND for every period in [--since, --until] that has no done row, oldest first.
 
     Each period is claimed exactly as once run claims it, so catch-ups on several machines
@@ -216,7 +243,7 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
     if not command and not dry_run:
         raise click.UsageError("no command given: once catchup ... -- COMMAND [ARG]...")
     sched = make_schedule(every, cron, tz)
-    the_job = core_job(job, namespace, sched, lag, max_attempts, stale_after)
+    the_job = core_job(job, namespace, sched, lag, max_attempts, stale_after, shards)
     target = open_target(db, db_password_file)
     first = sched.resolve(since) if since else None
     last = sched.resolve(until) if until else core.current_period(sched, lag)
@@ -231,7 +258,8 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
                 click.echo(f"{period.key} {iso(period.start)} {iso(period.end)}")
             return 0
         settings = core.Settings(kill_after=kill_after, timeout=timeout,
-                                 verbosity=_verbosity(verbose, quiet))
+                                 verbosity=_verbosity(verbose, quiet), state=state,
+                                 command_hash=core.command_hash(command, version_tag))
         return core.catch_up(ledger, the_job, todo, command, settings, keep_going,
                              _progress(quiet))
 
@@ -311,11 +339,11 @@ def rerun(job: str, key: str, reason: str | None, db: str | None,
 
 
 def core_job(name: str, namespace: str | None, sched: Any, lag: int, max_attempts: int,
-             stale_after: float) -> Any:
+             stale_after: float, shards: int = 1) -> Any:
     from once.ledger import Job
 
     return Job(stored_name(name, namespace), sched.kind, sched.spec, sched.tz_name, lag,
-               max_attempts, stale_after)
+               max_attempts, stale_after, shards)
 
 
 def stored_name(name: str, namespace: str | None) -> str:
@@ -400,6 +428,38 @@ def schema(db: str | None, db_password_file: str | None, namespace: str | None,
     ledger_schema.ensure(target)
     click.echo(f"once: the ledger's tables are ready in {target.redacted} "
                f"(schema version {ledger_schema.SCHEMA_VERSION})", err=True)
+
+
+# -- once state -----------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("job", metavar="JOB", shell_complete=job_names)
+@ledger_options
+@click.option("--set", "value", metavar="VALUE", envvar="ONCE_STATE_SET",
+              help="Set the watermark deliberately (recorded in the history).")
+def state(job: str, db: str | None, db_password_file: str | None, namespace: str | None,
+          value: str | None) -> int:
+    """Print the watermark of JOB (what its last successful --state run left), or set it."""
+    from once import core
+    from once.ledger import STATE_LIMIT
+
+    name = stored_name(job, namespace)
+    target = open_target(db, db_password_file)
+    with ledger_for(target) as ledger:
+        if ledger.job_info(name) is None:
+            raise click.UsageError(f"unknown job {name!r}: it has never run in "
+                                   f"{target.redacted}")
+        if value is None:
+            current, _version = ledger.state(name)
+            if current is not None:
+                click.echo(current)
+            return 0
+        if len(value.encode("utf-8", "surrogatepass")) > STATE_LIMIT:
+            raise click.UsageError("--set: a watermark holds at most 64 KiB of UTF-8")
+        version = ledger.set_state(name, value, core.default_owner())
+    core.say(f"{name}: state set (version {version})")
+    return 0
 
 
 # -- reports: status, history, check, metrics (once.report; SQLAlchemy and rich live there) --

@@ -38,6 +38,8 @@ class Settings:
     skipped_exit_code: int = 0
     owner: str = ""
     verbosity: int = NORMAL
+    state: bool = False  # --state: hand the job's watermark to the command and take it back
+    command_hash: str | None = None  # what ran, for drift reports and --require-same-command
 
     def __post_init__(self) -> None:
         if not self.owner:
@@ -62,7 +64,8 @@ def current_period(schedule: Schedule, lag: int = 0, now: datetime | None = None
     return schedule.shifted(period, -lag) if lag else period
 
 
-def child_env(job: Job, period: Period, claim: Claim) -> dict[str, str]:
+def child_env(job: Job, period: Period, claim: Claim, shard: int | None = None
+              ) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
         "ONCE_JOB": job.name,
@@ -73,6 +76,8 @@ def child_env(job: Job, period: Period, claim: Claim) -> dict[str, str]:
         "ONCE_FENCE": str(claim.fence),
         "ONCE_TZ": job.tz,
     })
+    if shard is not None:
+        env.update({"ONCE_SHARD": str(shard), "ONCE_SHARDS": str(job.shards)})
     return env
 
 
@@ -92,14 +97,33 @@ class Result:
         return self.outcome in ("done", "skipped-done", "skipped-held", "skipped-failed")
 
 
+def command_hash(command: Sequence[str], version_tag: str | None = None) -> str:
+    """A fingerprint of the command line (and --version-tag), to notice drift between hosts.
+
+    CRC-32, not a security measure: zlib costs a tenth of hashlib's import on every fire.
+    """
+    import zlib
+
+    text = "\0".join([*command, version_tag or ""])
+    return f"{zlib.crc32(text.encode('utf-8', 'surrogateescape')):08x}"
+
+
+def shard_key(period: Period, shard: int | None) -> str:
+    """The ledger key of a period, or of one shard of it (`KEY#i`)."""
+    return period.key if shard is None else f"{period.key}#{shard}"
+
+
 def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
-               settings: Settings, rerun_reason: str | None = None) -> Result:
-    """Claim one period and, if won, run command for it."""
-    what = f"{job.name} {period.key}"
+               settings: Settings, rerun_reason: str | None = None,
+               shard: int | None = None) -> Result:
+    """Claim one period (or one shard of it) and, if won, run command for it."""
+    key = shard_key(period, shard)
+    what = f"{job.name} {key}"
     sent = time.monotonic()
     try:
-        claim = ledger.claim(job, period.key, period.start, period.end, settings.owner,
-                             rerun=rerun_reason is not None, reason=rerun_reason)
+        claim = ledger.claim(job, key, period.start, period.end, settings.owner,
+                             rerun=rerun_reason is not None, reason=rerun_reason,
+                             command_hash=settings.command_hash)
     except LedgerError as exc:
         say(f"{exc}; nothing was run")
         return Result("unreachable", EXIT_LEDGER)
@@ -108,7 +132,31 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
     verb = "took over" if claim.attempt > 1 else "claimed"
     say(f"{what}: {verb} as attempt {claim.attempt}, fence {claim.fence}, owner "
         f"{settings.owner}", settings, level=VERBOSE if claim.attempt == 1 else NORMAL)
-    return _run_claimed(ledger, job, period, claim, command, settings, sent)
+    return _run_claimed(ledger, job, period, key, shard, claim, command, settings, sent)
+
+
+def run_shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
+               settings: Settings, all_shards: bool = False) -> Result:
+    """Claim the lowest shard of period that can be claimed, and run it.
+
+    With all_shards, keep claiming until no shard is left; the result is the first
+    failure's, else the last shard's.
+    """
+    if job.shards == 1:
+        return run_period(ledger, job, period, command, settings)
+    last = Result("skipped-held", settings.skipped_exit_code)
+    failure: Result | None = None
+    for shard in range(job.shards):
+        result = run_period(ledger, job, period, command, settings, shard=shard)
+        if result.outcome == "unreachable":
+            return result
+        if not result.ran:
+            continue
+        last = result
+        failure = failure or (None if result.ok else result)
+        if not all_shards:
+            break
+    return failure or last
 
 
 def _skipped(what: str, claim: Claim, job: Job, settings: Settings) -> Result:
@@ -124,22 +172,27 @@ def _skipped(what: str, claim: Claim, job: Job, settings: Settings) -> Result:
     return Result(claim.skip_reason, settings.skipped_exit_code)
 
 
-def _run_claimed(ledger: Ledger, job: Job, period: Period, claim: Claim,
-                 command: Sequence[str], settings: Settings, sent: float) -> Result:
+def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int | None,
+                 claim: Claim, command: Sequence[str], settings: Settings,
+                 sent: float) -> Result:
     from once import runner  # not needed for a skip
 
-    what = f"{job.name} {period.key} attempt {claim.attempt}"
+    what = f"{job.name} {key} attempt {claim.attempt}"
 
     def renew() -> bool:
         try:
-            return ledger.renew(job.name, period.key, claim.attempt)
+            return ledger.renew(job.name, key, claim.attempt)
         except LedgerError:
             ledger.close()  # the next renewal opens a fresh connection
             raise
 
     lease = runner.Lease(renew, job.stale_after, sent)
-    outcome = runner.run(command, child_env(job, period, claim), lease,
-                         settings.kill_after, settings.timeout)
+    env = child_env(job, period, claim, shard)
+    with StateFile(claim.state if settings.state else None) as state:
+        if settings.state:
+            env.update({"ONCE_STATE": claim.state or "", "ONCE_STATE_OUT": state.path})
+        outcome = runner.run(command, env, lease, settings.kill_after, settings.timeout)
+        new_state, state_error = state.read() if outcome.succeeded else (None, "")
     if outcome.kind == "fenced-out":
         why = "another attempt took it over" if lease.lost else (
             f"the ledger stayed unreachable past the deadline ({lease.last_error})")
@@ -147,47 +200,102 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, claim: Claim,
         return Result("fenced-out", EXIT_FENCED_OUT)
     if outcome.kind == "exec-failed":
         say(f"cannot run {command[0]!r}: {outcome.message}")
-    status = "done" if outcome.succeeded else "failed"
-    result = outcome.kind if outcome.interrupted_by is None else "interrupted"
-    recorded = _finish(ledger, job, period, claim, status, outcome.status, result, lease)
+    if state_error:
+        say(f"{what}: {state_error}; recorded failed")
+    status = "done" if outcome.succeeded and not state_error else "failed"
+    result: str = outcome.kind if outcome.interrupted_by is None else "interrupted"
+    if state_error:
+        result = "bad-state"
+    recorded = _finish(ledger, job, key, claim, status, outcome.status, result, lease,
+                       new_state)
     if recorded is None:
         say(f"{what}: the ledger stayed unreachable, the result ({status}) was not recorded "
             f"({lease.last_error}); the period will be retried once its claim goes stale")
         return Result("unreachable", EXIT_LEDGER)
     if not recorded:
-        say(f"{what}: fenced out: the final write matched no row (another attempt took it "
-            f"over); nothing was recorded")
+        why = "another attempt took it over"
+        if new_state is not None and ledger.state(job.name)[1] != claim.state_version:
+            why = "the job's watermark moved while the command ran"
+        say(f"{what}: fenced out: the final write matched no row ({why}); nothing was "
+            f"recorded")
         return Result("fenced-out", EXIT_FENCED_OUT)
     if outcome.kind == "timed-out":
         say(f"{what}: timed out after --timeout {settings.timeout:g}s; recorded failed")
         return Result("timed-out", EXIT_TIMEOUT)
     say(f"{what}: {status} (exit {outcome.status})", settings, VERBOSE)
+    if status == "failed" and outcome.status == 0:
+        return Result("failed", 1)
     return Result(status, outcome.status)
 
 
-def _finish(ledger: Ledger, job: Job, period: Period, claim: Claim, status: str,
-            exit_code: int, outcome: str, lease: Lease) -> bool | None:
+def _finish(ledger: Ledger, job: Job, key: str, claim: Claim, status: str,
+            exit_code: int, outcome: str, lease: Lease,
+            new_state: str | None = None) -> bool | None:
     """Write the result, retrying on fresh connections until the lease's deadline.
 
     True: recorded. False: the row is no longer ours. None: the ledger stayed unreachable.
     """
+    from once.runner import NoAnswer
+
     while True:
-        # A renewal stuck in a hung server still holds the connection: wait for it, but no
-        # longer than the deadline.
-        if not lease.lock.acquire(timeout=max(0.0, lease.deadline - time.monotonic())):
-            lease.last_error = lease.last_error or "a renewal did not return"
-            return None
         try:
-            return ledger.finish(job.name, period.key, claim.attempt,
-                                 "done" if status == "done" else "failed", exit_code, outcome)
+            # Waits for a renewal in flight, and gives up on a server that stopped answering.
+            return lease.call(lambda: ledger.finish(
+                job.name, key, claim.attempt, "done" if status == "done" else "failed",
+                exit_code, outcome, new_state if status == "done" else None,
+                claim.state_version))
+        except NoAnswer as exc:
+            lease.last_error = str(exc)
+            return None
         except LedgerError as exc:
             lease.last_error = str(exc)
             ledger.close()
             if lease.expired:
                 return None
-        finally:
-            lease.lock.release()
         time.sleep(min(1.0, max(0.0, lease.deadline - time.monotonic())))
+
+
+class StateFile:
+    """ONCE_STATE_OUT: a path in a private directory where the command may leave a new
+    watermark. No file means no change; one trailing newline is dropped; at most 64 KiB of
+    UTF-8, else the run fails."""
+
+    def __init__(self, current: str | None) -> None:
+        self.current = current
+        self.directory = ""
+        self.path = ""
+
+    def __enter__(self) -> StateFile:
+        import tempfile
+
+        self.directory = tempfile.mkdtemp(prefix="once-state-")
+        self.path = os.path.join(self.directory, "state")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import shutil
+
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def read(self) -> tuple[str | None, str]:
+        """(the new watermark or None for no change, an error message or '')."""
+        from once.ledger import STATE_LIMIT
+
+        try:
+            with open(self.path, "rb") as handle:
+                data = handle.read(STATE_LIMIT + 2)
+        except FileNotFoundError:
+            return None, ""
+        except OSError as exc:
+            return None, f"cannot read ONCE_STATE_OUT: {exc.strerror}"
+        if data.endswith(b"\n"):
+            data = data[:-1]
+        if len(data) > STATE_LIMIT:
+            return None, "the new state written to ONCE_STATE_OUT is over 64 KiB"
+        try:
+            return data.decode("utf-8"), ""
+        except UnicodeDecodeError:
+            return None, "the new state written to ONCE_STATE_OUT is not UTF-8"
 
 
 # -- catch-up and rerun ----------------------------------------------------------------------
@@ -211,7 +319,12 @@ def missing_periods(ledger: Ledger, job: Job, schedule: Schedule, since: Period 
     if since.start > until.start:
         return []
     known = ledger.statuses(job.name, since.start, until.end)
-    return [p for p in schedule.between(since, until) if known.get(p.key) != "done"]
+    shards = [None] if job.shards == 1 else list(range(job.shards))
+
+    def done(period: Period) -> bool:  # a sharded period is done when every shard is
+        return all(known.get(shard_key(period, i)) == "done" for i in shards)
+
+    return [p for p in schedule.between(since, until) if not done(p)]
 
 
 class Progress:
@@ -249,7 +362,7 @@ def catch_up(ledger: Ledger, job: Job, periods: Sequence[Period], command: Seque
         for period in periods:
             progress.period(period)
             began = time.monotonic()
-            result = run_period(ledger, job, period, command, settings)
+            result = run_shards(ledger, job, period, command, settings, all_shards=True)
             progress.result(period, result, time.monotonic() - began)
             if result.ok:
                 continue
