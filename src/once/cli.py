@@ -130,6 +130,52 @@ def liveness_options(func: F) -> F:
     return func
 
 
+def notify_options(func: F) -> F:
+    """Dead-man pings and outcome hooks: they never change the outcome or the exit status."""
+    options = [
+        click.option("--ping", metavar="URL",
+                     help="Request URL/start when the command starts, URL when it succeeds, "
+                          "URL/fail when it fails (healthchecks.io style)."),
+        click.option("--ping-url-file", metavar="PATH", type=click.Path(dir_okay=False),
+                     help="Read the --ping URL from PATH (keeps its key out of crontabs)."),
+        click.option("--ping-on-skip", is_flag=True,
+                     help="Also ping URL when the period is skipped (counts as alive)."),
+        click.option("--ping-exit-status", is_flag=True,
+                     help="On failure request URL/STATUS (the exit status) instead of "
+                          "URL/fail."),
+        click.option("--on-success", metavar="CMD",
+                     help="Run CMD (through /bin/sh) after a done run; ONCE_OUTCOME and "
+                          "ONCE_STATUS are set."),
+        click.option("--on-failure", metavar="CMD",
+                     help="Run CMD after a failed, timed-out or fenced-out run."),
+        click.option("--on-skip", metavar="CMD", help="Run CMD when the period is skipped."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def notifier(ping: str | None, ping_url_file: str | None, ping_on_skip: bool,
+             ping_exit_status: bool, on_success: str | None, on_failure: str | None,
+             on_skip: str | None) -> Any:
+    """A Notifier when any ping or hook is asked for (None keeps urllib off the hot path)."""
+    if ping_url_file:
+        from once.notify import read_url_file
+
+        try:
+            ping = read_url_file(ping_url_file)
+        except OSError as exc:
+            raise click.UsageError(f"cannot read --ping-url-file {ping_url_file}: "
+                                   f"{exc.strerror}") from None
+    if ping and "://" not in ping:
+        raise click.UsageError(f"bad --ping URL {ping!r}: expected http(s)://…")
+    if not (ping or on_success or on_failure or on_skip):
+        return None
+    from once.notify import Notifier
+
+    return Notifier(ping, ping_on_skip, ping_exit_status, on_success, on_failure, on_skip)
+
+
 def verbosity_options(func: F) -> F:
     func = click.option("-q", "--quiet", is_flag=True, help="Log only errors.")(func)
     return click.option("-v", "--verbose", count=True, help="Also log claims and skips.")(func)
@@ -153,13 +199,16 @@ def verbosity_options(func: F) -> F:
 @click.option("--require-same-command", is_flag=True,
               help="Refuse (exit 2) to run under a command other than the one the job's "
                    "latest attempt ran.")
+@notify_options
 @verbosity_options
 @command_argument
 def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
         db_password_file: str | None, namespace: str | None, lag: int, stale_after: float,
         kill_after: float, timeout: float | None, max_attempts: int, state: bool, shards: int,
         version_tag: str | None, catchup: int, skipped_exit_code: int, all_shards: bool,
-        require_same_command: bool, verbose: int, quiet: bool,
+        require_same_command: bool, ping: str | None, ping_url_file: str | None,
+        ping_on_skip: bool, ping_exit_status: bool, on_success: str | None,
+        on_failure: str | None, on_skip: str | None, verbose: int, quiet: bool,
         command: tuple[str, ...]) -> int:
     """Claim the current period of JOB and, if this call wins it, run COMMAND.
 
@@ -178,7 +227,10 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
     settings = core.Settings(kill_after=kill_after, timeout=timeout,
                              skipped_exit_code=skipped_exit_code,
                              verbosity=_verbosity(verbose, quiet), state=state,
-                             command_hash=core.command_hash(command, version_tag))
+                             command_hash=core.command_hash(command, version_tag),
+                             notifier=notifier(ping, ping_url_file, ping_on_skip,
+                                               ping_exit_status, on_success, on_failure,
+                                               on_skip))
     period = core.current_period(sched, lag)
     with ledger_for(target, stale_after) as ledger:
         if require_same_command:

@@ -18,6 +18,7 @@ from once.ledger import Claim, Job, Ledger, LedgerError
 from once.periods import Period, Schedule, iso
 
 if TYPE_CHECKING:
+    from once.notify import Notifier
     from once.runner import Lease
 
 # Exit statuses of `once run` that are not the child's own (CONTRACT.md).
@@ -40,6 +41,7 @@ class Settings:
     verbosity: int = NORMAL
     state: bool = False  # --state: hand the job's watermark to the command and take it back
     command_hash: str | None = None  # what ran, for drift reports and --require-same-command
+    notifier: Notifier | None = None  # --ping and --on-* hooks
 
     def __post_init__(self) -> None:
         if not self.owner:
@@ -64,18 +66,19 @@ def current_period(schedule: Schedule, lag: int = 0, now: datetime | None = None
     return schedule.shifted(period, -lag) if lag else period
 
 
-def child_env(job: Job, period: Period, claim: Claim, shard: int | None = None
-              ) -> dict[str, str]:
+def child_env(job: Job, period: Period, claim: Claim, shard: int | None = None,
+              claimed: bool = True) -> dict[str, str]:
+    """The command's environment (CONTRACT.md); a skip's hooks get it without the attempt."""
     env = dict(os.environ)
     env.update({
         "ONCE_JOB": job.name,
         "ONCE_PERIOD": period.key,
         "ONCE_PERIOD_START": iso(period.start),
         "ONCE_PERIOD_END": iso(period.end),
-        "ONCE_ATTEMPT": str(claim.attempt),
-        "ONCE_FENCE": str(claim.fence),
         "ONCE_TZ": job.tz,
     })
+    if claimed:
+        env.update({"ONCE_ATTEMPT": str(claim.attempt), "ONCE_FENCE": str(claim.fence)})
     if shard is not None:
         env.update({"ONCE_SHARD": str(shard), "ONCE_SHARDS": str(job.shards)})
     return env
@@ -128,11 +131,21 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
         say(f"{exc}; nothing was run")
         return Result("unreachable", EXIT_LEDGER)
     if not claim.won:
-        return _skipped(what, claim, job, settings)
+        result = _skipped(what, claim, job, settings)
+        _notify(settings, result, child_env(job, period, claim, shard, claimed=False))
+        return result
     verb = "took over" if claim.attempt > 1 else "claimed"
     say(f"{what}: {verb} as attempt {claim.attempt}, fence {claim.fence}, owner "
         f"{settings.owner}", settings, level=VERBOSE if claim.attempt == 1 else NORMAL)
-    return _run_claimed(ledger, job, period, key, shard, claim, command, settings, sent)
+    result = _run_claimed(ledger, job, period, key, shard, claim, command, settings, sent)
+    _notify(settings, result, child_env(job, period, claim, shard))
+    return result
+
+
+def _notify(settings: Settings, result: Result, env: dict[str, str]) -> None:
+    """Pings and hooks; not for `unreachable`, where the missing success ping is the alarm."""
+    if settings.notifier is not None and result.outcome != "unreachable":
+        settings.notifier.finished(result.outcome, result.status, env)
 
 
 def run_shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
@@ -191,7 +204,9 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
     with StateFile(claim.state if settings.state else None) as state:
         if settings.state:
             env.update({"ONCE_STATE": claim.state or "", "ONCE_STATE_OUT": state.path})
-        outcome = runner.run(command, env, lease, settings.kill_after, settings.timeout)
+        on_start = settings.notifier.started if settings.notifier is not None else None
+        outcome = runner.run(command, env, lease, settings.kill_after, settings.timeout,
+                             on_start)
         new_state, state_error = state.read() if outcome.succeeded else (None, "")
     if outcome.kind == "fenced-out":
         why = "another attempt took it over" if lease.lost else (

@@ -97,14 +97,20 @@ def run(
     lease: Lease | None,
     kill_after: float = 10.0,
     timeout: float | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> Outcome:
-    """Run command to its end (or ours) under lease; return how it ended."""
+    """Run command to its end (or ours) under lease; return how it ended.
+
+    on_start is called once the command is on its way (after the fork: it may start threads).
+    """
     tty = _foreground_tty()
     supervisor = _Supervisor(lease, kill_after, timeout)
     # Handlers go in before the fork: a signal that arrives while the guard starts is
     # forwarded, not lost (nor fatal to a wrapper whose guard would then kill the command).
     with supervisor.signals():
         guard, report = _spawn_guard(list(command), env, tty, supervisor.ignored)
+        if on_start is not None:
+            on_start()
         try:
             return supervisor.wait(guard, report)
         finally:
