@@ -1,3 +1,30 @@
-"""once: run a scheduled command exactly once per period, however many machines fire it."""
+"""once: run a scheduled command exactly once per period, however many machines fire it.
+
+For jobs written in Python (see once.api):
+
+    import once
+
+    with once.claim("nightly", every="day", tz="Europe/Berlin") as run:
+        if run.won:
+            ...
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+__all__ = ["FencedOut", "Run", "__version__", "claim"]
+
+if TYPE_CHECKING:
+    from once.api import FencedOut, Run, claim
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `once run` imports this package on every cron fire and needs none of the API.
+    if name in ("claim", "Run", "FencedOut"):
+        from once import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'once' has no attribute {name!r}")

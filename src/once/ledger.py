@@ -285,6 +285,17 @@ class Ledger:
                 return self._finish_with_state(params)
             return self._finish(params)
 
+    def finish_on(self, connection: Any, job: str, key: str, attempt: int) -> bool:
+        """Mark our attempt done on the caller's own connection, inside its open transaction
+        (psycopg 3, sqlite3 or PyMySQL), so that the work and the marker commit together.
+        Nothing is committed here; False when the row is no longer ours."""
+        params = {"job": job, "period": key, "attempt": attempt, "status": "done",
+                  "exit_code": 0, "outcome": "done", "state": None, "state_version": 0}
+        return self._finish_on(connection, params)
+
+    def _finish_on(self, connection: Any, params: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
     def set_state(self, job: str, value: str, owner: str) -> int:
         """Set the watermark deliberately (`once state --set`); return its new version.
 
@@ -567,6 +578,12 @@ class SqliteLedger(Ledger):
             cur.execute(self._ADVANCE_STATE, params)
         return True
 
+    def _finish_on(self, connection: Any, params: dict[str, Any]) -> bool:
+        if connection.execute(self.FINISH_RUN, params).rowcount != 1:
+            return False
+        connection.execute(self.FINISH_ATTEMPT, params)
+        return True
+
     _STATE_VERSION = "SELECT state_version FROM once_jobs WHERE job = :job"
     _ADVANCE_STATE = """
         UPDATE once_jobs SET state = :state, state_version = state_version + 1
@@ -738,6 +755,10 @@ class PostgresLedger(Ledger):
 
     def _finish_with_state(self, params: dict[str, Any]) -> bool:
         (count,) = self._conn.execute(self.FINISH_STATE, params).fetchone()
+        return bool(count == 1)
+
+    def _finish_on(self, connection: Any, params: dict[str, Any]) -> bool:
+        (count,) = connection.execute(self.FINISH, params).fetchone()
         return bool(count == 1)
 
     def _set_state(self, params: dict[str, Any]) -> int:
@@ -932,6 +953,13 @@ class MysqlLedger(Ledger):
         except Exception:
             self._rollback()
             raise
+        return True
+
+    def _finish_on(self, connection: Any, params: dict[str, Any]) -> bool:
+        cur = connection.cursor()
+        if cur.execute(self.FINISH_RUN, params) != 1:
+            return False
+        cur.execute(self.FINISH_ATTEMPT, params)
         return True
 
     def _set_state(self, params: dict[str, Any]) -> int:

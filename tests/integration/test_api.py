@@ -1,0 +1,74 @@
+"""The Python API (`import once`): claim, heartbeat, fenced finish, finish in a transaction."""
+
+from __future__ import annotations
+
+import pytest
+
+import once
+from ledger_sql import query
+from once.ledger import parse_url
+
+
+def test_claim_runs_once_and_records_done(ledger_url: str) -> None:
+    with once.claim("api", every="day", db=ledger_url) as run:
+        assert run.won and run.attempt == 1 and run.fence >= 1
+    with once.claim("api", every="day", db=ledger_url) as again:
+        assert not again.won and again.skip_reason == "skipped-done"
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 1)]
+
+
+def test_an_exception_records_failed_and_propagates(ledger_url: str) -> None:
+    with pytest.raises(RuntimeError), once.claim("boom", every="day", db=ledger_url):
+        raise RuntimeError("boom")
+    assert query(ledger_url, "SELECT status FROM once_runs") == [("failed",)]
+    with once.claim("boom", every="day", db=ledger_url) as retry:
+        assert retry.won and retry.attempt == 2
+
+
+def test_finish_in_the_callers_transaction(ledger_url: str) -> None:
+    target = parse_url(ledger_url)
+    with once.claim("txn", every="day", db=ledger_url) as run:
+        conn, cur = _connect(target)
+        cur.execute("CREATE TABLE IF NOT EXISTS work (x INTEGER)")
+        _commit(target, conn)
+        cur.execute("INSERT INTO work VALUES (1)")
+        run.finish_in(conn)
+        # Not committed yet: the ledger still says running.
+        assert query(ledger_url, "SELECT status FROM once_runs") == [("running",)]
+        _commit(target, conn)
+        conn.close()
+    assert query(ledger_url, "SELECT status FROM once_runs") == [("done",)]
+    assert query(ledger_url, "SELECT count(*) FROM work") == [(1,)]
+
+
+def test_finish_in_raises_when_the_claim_was_taken_over(ledger_url: str) -> None:
+    target = parse_url(ledger_url)
+    with (pytest.raises(once.FencedOut),
+          once.claim("fenced", every="day", db=ledger_url) as run):
+        query(ledger_url, "UPDATE once_runs SET attempt = attempt + 1")  # someone took over
+        conn, _cur = _connect(target)
+        try:
+            run.finish_in(conn)
+        finally:
+            conn.close()
+
+
+def _connect(target):  # type: ignore[no-untyped-def]
+    if target.dialect == "sqlite":
+        import sqlite3
+
+        conn = sqlite3.connect(target.path, timeout=30)
+        return conn, conn
+    if target.dialect == "postgresql":
+        import psycopg
+
+        conn = psycopg.connect(target.connect_args["conninfo"])
+        return conn, conn
+    import pymysql
+
+    conn = pymysql.connect(**target.connect_args)
+    return conn, conn.cursor()
+
+
+def _commit(target, conn) -> None:  # type: ignore[no-untyped-def]
+    conn.commit()
