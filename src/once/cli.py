@@ -411,8 +411,19 @@ def stored_name(name: str, namespace: str | None) -> str:
 
 
 def open_target(db: str | None, password_file: str | None) -> Any:
+    """The ledger named by --db, else by the file ONCE_DATABASE_URL_FILE names, else SQLite."""
+    import os
+
     from once.ledger import default_url, parse_url
 
+    url_file = os.environ.get("ONCE_DATABASE_URL_FILE")
+    if not db and url_file:
+        try:
+            with open(url_file, encoding="utf-8") as handle:
+                db = handle.read().strip()
+        except OSError as exc:
+            raise click.UsageError(f"cannot read ONCE_DATABASE_URL_FILE {url_file}: "
+                                   f"{exc.strerror}") from None
     password = None
     if password_file:
         try:
@@ -511,6 +522,29 @@ def state(job: str, db: str | None, db_password_file: str | None, namespace: str
             raise click.UsageError("--set: a watermark holds at most 64 KiB of UTF-8")
         version = ledger.set_state(name, value, core.default_owner())
     core.say(f"{name}: state set (version {version})")
+    return 0
+
+
+# -- once prune -----------------------------------------------------------------------------
+
+
+@cli.command()
+@ledger_options
+@click.option("--older-than", required=True, type=DURATION, metavar="DURATION",
+              help="Forget attempts and done rows that finished longer ago than this.")
+@click.option("--dry-run", is_flag=True, help="Count what would go; delete nothing.")
+def prune(db: str | None, db_password_file: str | None, namespace: str | None,
+          older_than: float, dry_run: bool) -> int:
+    """Delete old history and done rows; never a running or failed row, never a job's latest
+    done row (catch-up resumes from it). Lists jobs idle for longer than --older-than."""
+    from once import prune as pruning
+
+    target = open_target(db, db_password_file)
+    pruned = pruning.prune(target, older_than, dry_run)
+    verb = "would delete" if dry_run else "deleted"
+    click.echo(f"{verb} {pruned.runs} done rows and {pruned.attempts} attempts")
+    for job, last in pruned.idle_jobs:
+        click.echo(f"idle job {job}: last fired {last:%Y-%m-%d %H:%M} UTC (renamed or retired?)")
     return 0
 
 

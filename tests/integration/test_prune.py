@@ -1,0 +1,46 @@
+"""`once prune` and ONCE_DATABASE_URL_FILE on every backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers import run_once
+from ledger_sql import query
+
+
+def test_prune_keeps_running_failed_and_the_latest_done(once_env: dict[str, str],
+                                                        ledger_url: str) -> None:
+    args = ["catchup", "--job", "p", "--every", "day", "--since", "2026-01-01", "--until",
+            "2026-01-05", "-q", "--"]
+    assert run_once(*args, "true", env=once_env).returncode == 0
+    query(ledger_url, "UPDATE once_runs SET status='failed' WHERE period='2026-01-02'")
+    query(ledger_url, "UPDATE once_runs SET status='running' WHERE period='2026-01-03'")
+    # Everything finished "long ago" by the database's own clock.
+    query(ledger_url, "UPDATE once_runs SET finished_at = period_start")
+    query(ledger_url, "UPDATE once_attempts SET finished_at = started_at - "
+          + ("INTERVAL '400 days'" if ledger_url.startswith("postgresql") else
+             "INTERVAL 400 DAY" if ledger_url.startswith("mariadb") else "0"))
+    if ledger_url.startswith("sqlite"):
+        query(ledger_url, "UPDATE once_attempts SET finished_at = '2025-01-01 00:00:00.000000'")
+    dry = run_once("prune", "--older-than", "30d", "--dry-run", env=once_env)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.startswith("would delete 2 done rows and 5 attempts")
+    assert len(query(ledger_url, "SELECT * FROM once_runs")) == 5
+    done = run_once("prune", "--older-than", "30d", env=once_env)
+    assert done.returncode == 0 and done.stdout.startswith("deleted 2 done rows")
+    left = dict(query(ledger_url, "SELECT period, status FROM once_runs"))
+    assert left == {"2026-01-02": "failed", "2026-01-03": "running", "2026-01-05": "done"}
+    assert query(ledger_url, "SELECT count(*) FROM once_attempts") == [(0,)]
+
+
+def test_database_url_from_a_file(once_env: dict[str, str], ledger_url: str,
+                                  tmp_path: Path) -> None:
+    url_file = tmp_path / "url"
+    url_file.write_text(ledger_url + "\n")
+    env = {k: v for k, v in once_env.items() if k != "ONCE_DATABASE_URL"}
+    env["ONCE_DATABASE_URL_FILE"] = str(url_file)
+    assert run_once("run", "--job", "f", "--every", "day", "--", "true", env=env).returncode == 0
+    assert query(ledger_url, "SELECT job FROM once_runs") == [("f",)]
+    env["ONCE_DATABASE_URL_FILE"] = str(tmp_path / "missing")
+    missing = run_once("run", "--job", "f", "--every", "day", "--", "true", env=env)
+    assert missing.returncode == 2 and missing.stderr.startswith("once: cannot read")
