@@ -162,13 +162,22 @@ def notifier(ping: str | None, ping_url_file: str | None, ping_on_skip: bool,
     if ping_url_file:
         from once.notify import read_url_file
 
+        if ping:
+            raise click.UsageError("--ping and --ping-url-file exclude each other")
         try:
             ping = read_url_file(ping_url_file)
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or "not UTF-8 text"
             raise click.UsageError(f"cannot read --ping-url-file {ping_url_file}: "
-                                   f"{exc.strerror}") from None
-    if ping and "://" not in ping:
-        raise click.UsageError(f"bad --ping URL {ping!r}: expected http(s)://…")
+                                   f"{why}") from None
+        if not ping:
+            raise click.UsageError(f"--ping-url-file {ping_url_file} holds no URL")
+    if ping:
+        from once.notify import check_url, redact_ping
+
+        why = check_url(ping)
+        if why:  # never quote the URL: its path holds the key
+            raise click.UsageError(f"bad ping URL {redact_ping(ping)}: {why}")
     if not (ping or on_success or on_failure or on_skip):
         return None
     from once.notify import Notifier
@@ -177,6 +186,9 @@ def notifier(ping: str | None, ping_url_file: str | None, ping_on_skip: bool,
 
 
 def verbosity_options(func: F) -> F:
+    func = click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
+                        show_default=True, help="json: one JSON object a line (time, level, "
+                        "event, job, period, attempt, fence, owner, message).")(func)
     func = click.option("-q", "--quiet", is_flag=True, help="Log only errors.")(func)
     return click.option("-v", "--verbose", count=True, help="Also log claims and skips.")(func)
 
@@ -209,6 +221,7 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
         require_same_command: bool, ping: str | None, ping_url_file: str | None,
         ping_on_skip: bool, ping_exit_status: bool, on_success: str | None,
         on_failure: str | None, on_skip: str | None, verbose: int, quiet: bool,
+        log_format: str,
         command: tuple[str, ...]) -> int:
     """Claim the current period of JOB and, if this call wins it, run COMMAND.
 
@@ -226,7 +239,8 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
     target = open_target(db, db_password_file)
     settings = core.Settings(kill_after=kill_after, timeout=timeout,
                              skipped_exit_code=skipped_exit_code,
-                             verbosity=_verbosity(verbose, quiet), state=state,
+                             verbosity=_verbosity(verbose, quiet), log_format=log_format,
+                             state=state,
                              command_hash=core.command_hash(command, version_tag),
                              notifier=notifier(ping, ping_url_file, ping_on_skip,
                                                ping_exit_status, on_success, on_failure,
@@ -281,7 +295,8 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
             until: str | None, max_count: int | None, keep_going: bool, dry_run: bool,
             lag: int, stale_after: float, kill_after: float, timeout: float | None,
             max_attempts: int, state: bool, shards: int, version_tag: str | None,
-            verbose: int, quiet: bool, command: tuple[str, ...]) -> int:
+            verbose: int, quiet: bool, log_format: str,
+            command: tuple[str, ...]) -> int:
     """Run COMMAND for every period in [--since, --until] that has no done row, oldest first.
 
     Each period is claimed exactly as once run claims it, so catch-ups on several machines
@@ -310,7 +325,8 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
                 click.echo(f"{period.key} {iso(period.start)} {iso(period.end)}")
             return 0
         settings = core.Settings(kill_after=kill_after, timeout=timeout,
-                                 verbosity=_verbosity(verbose, quiet), state=state,
+                                 verbosity=_verbosity(verbose, quiet), log_format=log_format,
+                             state=state,
                                  command_hash=core.command_hash(command, version_tag))
         return core.catch_up(ledger, the_job, todo, command, settings, keep_going,
                              _progress(quiet))
@@ -360,7 +376,8 @@ EXIT_REFUSED = 69
 @command_argument
 def rerun(job: str, key: str, reason: str | None, db: str | None,
           db_password_file: str | None, namespace: str | None, kill_after: float,
-          timeout: float | None, verbose: int, quiet: bool, command: tuple[str, ...]) -> int:
+          timeout: float | None, verbose: int, quiet: bool, log_format: str,
+            command: tuple[str, ...]) -> int:
     """Run a done or failed period again, as a new attempt with a new fence.
 
     The job's schedule and zone come from the ledger (as its latest once run left them).
@@ -380,7 +397,7 @@ def rerun(job: str, key: str, reason: str | None, db: str | None,
                               the_job.schedule if the_job.kind == "cron" else None, the_job.tz)
         period = sched.from_key(key)
         settings = core.Settings(kill_after=kill_after, timeout=timeout,
-                                 verbosity=_verbosity(verbose, quiet))
+                                 verbosity=_verbosity(verbose, quiet), log_format=log_format)
         result = core.run_period(ledger, the_job, period, command, settings,
                                  rerun_reason=reason or "once rerun")
     if result.outcome == "skipped-held":
@@ -518,7 +535,12 @@ def state(job: str, db: str | None, db_password_file: str | None, namespace: str
             if current is not None:
                 click.echo(current)
             return 0
-        if len(value.encode("utf-8", "surrogatepass")) > STATE_LIMIT:
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:  # bytes that are not UTF-8, as the shell passed them
+            raise click.UsageError("--set: a watermark is UTF-8 text; this value is not"
+                                   ) from None
+        if size > STATE_LIMIT:
             raise click.UsageError("--set: a watermark holds at most 64 KiB of UTF-8")
         version = ledger.set_state(name, value, core.default_owner())
     core.say(f"{name}: state set (version {version})")

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -42,6 +42,8 @@ class Settings:
     state: bool = False  # --state: hand the job's watermark to the command and take it back
     command_hash: str | None = None  # what ran, for drift reports and --require-same-command
     notifier: Notifier | None = None  # --ping and --on-* hooks
+    log_format: str = "text"  # or "json": one object a line, for log shippers
+    context: dict[str, object] = field(default_factory=dict)  # job, period, attempt: for logs
 
     def __post_init__(self) -> None:
         if not self.owner:
@@ -53,11 +55,22 @@ def default_owner() -> str:
     return os.environ.get("ONCE_OWNER") or f"{os.uname().nodename}:{os.getpid()}"
 
 
-def say(message: str, settings: Settings | None = None, level: int = NORMAL) -> None:
-    """One `once:` line on stderr, unless the verbosity is below its level."""
+def say(message: str, settings: Settings | None = None, level: int = NORMAL,
+        event: str = "message") -> None:
+    """One `once:` line on stderr (or one JSON object, --log-format json), unless the
+    verbosity is below its level."""
     verbosity = settings.verbosity if settings else NORMAL
-    if verbosity >= level:
+    if verbosity < level:
+        return
+    if settings is None or settings.log_format != "json":
         print(f"once: {message}", file=sys.stderr, flush=True)
+        return
+    import json
+
+    record = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+              "level": "info" if level > NORMAL else "warning", "event": event,
+              **settings.context, "owner": settings.owner, "message": message}
+    print(json.dumps(record), file=sys.stderr, flush=True)
 
 
 def current_period(schedule: Schedule, lag: int = 0, now: datetime | None = None) -> Period:
@@ -66,7 +79,7 @@ def current_period(schedule: Schedule, lag: int = 0, now: datetime | None = None
     return schedule.shifted(period, -lag) if lag else period
 
 
-def child_env(job: Job, period: Period, claim: Claim, shard: int | None = None,
+def child_env(job: Job, period: Period, claim: Claim | None, shard: int | None = None,
               claimed: bool = True) -> dict[str, str]:
     """The command's environment (CONTRACT.md); a skip's hooks get it without the attempt."""
     env = dict(os.environ)
@@ -77,7 +90,7 @@ def child_env(job: Job, period: Period, claim: Claim, shard: int | None = None,
         "ONCE_PERIOD_END": iso(period.end),
         "ONCE_TZ": job.tz,
     })
-    if claimed:
+    if claimed and claim is not None:
         env.update({"ONCE_ATTEMPT": str(claim.attempt), "ONCE_FENCE": str(claim.fence)})
     if shard is not None:
         env.update({"ONCE_SHARD": str(shard), "ONCE_SHARDS": str(job.shards)})
@@ -118,25 +131,29 @@ def shard_key(period: Period, shard: int | None) -> str:
 
 def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
                settings: Settings, rerun_reason: str | None = None,
-               shard: int | None = None) -> Result:
+               shard: int | None = None, notify_skip: bool = True) -> Result:
     """Claim one period (or one shard of it) and, if won, run command for it."""
     key = shard_key(period, shard)
     what = f"{job.name} {key}"
+    settings.context = {"job": job.name, "period": key}
     sent = time.monotonic()
     try:
         claim = ledger.claim(job, key, period.start, period.end, settings.owner,
                              rerun=rerun_reason is not None, reason=rerun_reason,
                              command_hash=settings.command_hash)
     except LedgerError as exc:
-        say(f"{exc}; nothing was run")
+        say(f"{exc}; nothing was run", settings, event="unreachable")
         return Result("unreachable", EXIT_LEDGER)
     if not claim.won:
         result = _skipped(what, claim, job, settings)
-        _notify(settings, result, child_env(job, period, claim, shard, claimed=False))
+        if notify_skip:
+            _notify(settings, result, child_env(job, period, claim, shard, claimed=False))
         return result
     verb = "took over" if claim.attempt > 1 else "claimed"
+    settings.context.update(attempt=claim.attempt, fence=claim.fence)
     say(f"{what}: {verb} as attempt {claim.attempt}, fence {claim.fence}, owner "
-        f"{settings.owner}", settings, level=VERBOSE if claim.attempt == 1 else NORMAL)
+        f"{settings.owner}", settings, level=VERBOSE if claim.attempt == 1 else NORMAL,
+        event=verb.replace(" ", "-"))
     result = _run_claimed(ledger, job, period, key, shard, claim, command, settings, sent)
     _notify(settings, result, child_env(job, period, claim, shard))
     return result
@@ -153,35 +170,46 @@ def run_shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
     """Claim the lowest shard of period that can be claimed, and run it.
 
     With all_shards, keep claiming until no shard is left; the result is the first
-    failure's, else the last shard's.
+    failure's, else the last shard's. A shard's skip is not the run's: when no shard ran,
+    one skip is told to pings and hooks (failed out before held before done).
     """
     if job.shards == 1:
         return run_period(ledger, job, period, command, settings)
-    last = Result("skipped-held", settings.skipped_exit_code)
+    last: Result | None = None
     failure: Result | None = None
+    skips: set[str] = set()
     for shard in range(job.shards):
-        result = run_period(ledger, job, period, command, settings, shard=shard)
+        result = run_period(ledger, job, period, command, settings, shard=shard,
+                            notify_skip=False)
         if result.outcome == "unreachable":
             return result
         if not result.ran:
+            skips.add(result.outcome)
             continue
         last = result
         failure = failure or (None if result.ok else result)
         if not all_shards:
             break
+    if last is None:
+        outcome = next((o for o in ("skipped-failed", "skipped-held") if o in skips),
+                       "skipped-done")
+        last = Result(outcome, settings.skipped_exit_code)
+        _notify(settings, last, child_env(job, period, None, claimed=False))
     return failure or last
 
 
 def _skipped(what: str, claim: Claim, job: Job, settings: Settings) -> Result:
     if claim.skip_reason == "skipped-failed":
         say(f"{what}: skipped: failed {claim.attempt} times, no attempts left of "
-            f"--max-attempts {job.max_attempts} (once rerun runs it again)", settings)
+            f"--max-attempts {job.max_attempts} (once rerun runs it again)", settings,
+            event=claim.skip_reason)
     elif claim.skip_reason == "skipped-done":
-        say(f"{what}: skipped: done by attempt {claim.attempt}", settings, VERBOSE)
+        say(f"{what}: skipped: done by attempt {claim.attempt}", settings, VERBOSE,
+            claim.skip_reason)
     else:
         age = f", heartbeat {claim.heartbeat_age:.1f}s ago" if claim.heartbeat_age else ""
         say(f"{what}: skipped: held by {claim.owner} (attempt {claim.attempt}{age})",
-            settings, VERBOSE)
+            settings, VERBOSE, claim.skip_reason)
     return Result(claim.skip_reason, settings.skipped_exit_code)
 
 
@@ -211,12 +239,13 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
     if outcome.kind == "fenced-out":
         why = "another attempt took it over" if lease.lost else (
             f"the ledger stayed unreachable past the deadline ({lease.last_error})")
-        say(f"{what}: fenced out: {why}; the command was stopped and nothing was recorded")
+        say(f"{what}: fenced out: {why}; the command was stopped and nothing was recorded",
+            settings, event="fenced-out")
         return Result("fenced-out", EXIT_FENCED_OUT)
     if outcome.kind == "exec-failed":
-        say(f"cannot run {command[0]!r}: {outcome.message}")
+        say(f"cannot run {command[0]!r}: {outcome.message}", settings, event="exec-failed")
     if state_error:
-        say(f"{what}: {state_error}; recorded failed")
+        say(f"{what}: {state_error}; recorded failed", settings, event="bad-state")
     status = "done" if outcome.succeeded and not state_error else "failed"
     result: str = outcome.kind if outcome.interrupted_by is None else "interrupted"
     if state_error:
@@ -225,19 +254,21 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
                        new_state)
     if recorded is None:
         say(f"{what}: the ledger stayed unreachable, the result ({status}) was not recorded "
-            f"({lease.last_error}); the period will be retried once its claim goes stale")
+            f"({lease.last_error}); the period will be retried once its claim goes stale",
+            settings, event="unreachable")
         return Result("unreachable", EXIT_LEDGER)
     if not recorded:
         why = "another attempt took it over"
         if new_state is not None and ledger.state(job.name)[1] != claim.state_version:
             why = "the job's watermark moved while the command ran"
         say(f"{what}: fenced out: the final write matched no row ({why}); nothing was "
-            f"recorded")
+            f"recorded", settings, event="fenced-out")
         return Result("fenced-out", EXIT_FENCED_OUT)
     if outcome.kind == "timed-out":
-        say(f"{what}: timed out after --timeout {settings.timeout:g}s; recorded failed")
+        say(f"{what}: timed out after --timeout {settings.timeout:g}s; recorded failed",
+            settings, event="timed-out")
         return Result("timed-out", EXIT_TIMEOUT)
-    say(f"{what}: {status} (exit {outcome.status})", settings, VERBOSE)
+    say(f"{what}: {status} (exit {outcome.status})", settings, VERBOSE, status)
     if status == "failed" and outcome.status == 0:
         return Result("failed", 1)
     return Result(status, outcome.status)
@@ -307,6 +338,8 @@ class StateFile:
             data = data[:-1]
         if len(data) > STATE_LIMIT:
             return None, "the new state written to ONCE_STATE_OUT is over 64 KiB"
+        if b"\0" in data:  # PostgreSQL's text cannot hold it: refused on every backend
+            return None, "the new state written to ONCE_STATE_OUT holds a NUL byte"
         try:
             return data.decode("utf-8"), ""
         except UnicodeDecodeError:
@@ -324,22 +357,25 @@ def missing_periods(ledger: Ledger, job: Job, schedule: Schedule, since: Period 
                     until: Period) -> list[Period]:
     """The periods in [since, until] without a done row, oldest first.
 
-    since defaults to the period after the job's latest done one.
+    since defaults to the period after the job's latest done one (with shards: that period
+    itself while one of its shards is not done).
     """
+    shards = [None] if job.shards == 1 else list(range(job.shards))
+
+    def done(period: Period, known: dict[str, str]) -> bool:  # when every shard is done
+        return all(known.get(shard_key(period, i)) == "done" for i in shards)
+
     if since is None:
         last = ledger.latest_done(job.name)
         if last is None:
             raise NothingToResume(f"job {job.name} has no done period yet: give --since")
-        since = schedule.next(schedule.containing(last))
+        since = schedule.containing(last)
+        if job.shards == 1 or done(since, ledger.statuses(job.name, since.start, since.end)):
+            since = schedule.next(since)
     if since.start > until.start:
         return []
     known = ledger.statuses(job.name, since.start, until.end)
-    shards = [None] if job.shards == 1 else list(range(job.shards))
-
-    def done(period: Period) -> bool:  # a sharded period is done when every shard is
-        return all(known.get(shard_key(period, i)) == "done" for i in shards)
-
-    return [p for p in schedule.between(since, until) if not done(p)]
+    return [p for p in schedule.between(since, until) if not done(p, known)]
 
 
 class Progress:

@@ -262,3 +262,19 @@ def test_environment_variable_for_an_option(once_env: dict[str, str], ledger_url
                     env=env).returncode == 0
     assert query(ledger_url, "SELECT max_attempts FROM once_jobs") == [(7,)]
 
+
+
+def test_log_format_json_one_object_per_decision(once_env: dict[str, str]) -> None:
+    args = ["run", "--job", "logs", "--every", "day", "-v", "--log-format", "json", "--"]
+    first = run_once(*args, "true", env=once_env)
+    second = run_once(*args, "true", env=once_env)
+    events = [json.loads(line) for r in (first, second) for line in r.stderr.splitlines()]
+    assert [e["event"] for e in events] == ["claimed", "done", "skipped-done"]
+    assert all(e["job"] == "logs" and e["period"] for e in events)
+    assert events[0]["attempt"] == 1 and events[0]["fence"] >= 1
+
+
+def test_quiet_logs_nothing_on_a_skip_with_attempts_left(once_env: dict[str, str]) -> None:
+    args = ["run", "--job", "quiet", "--every", "day", "-q", "--"]
+    assert run_once(*args, "true", env=once_env).stderr == ""
+    assert run_once(*args, "true", env=once_env).stderr == ""
