@@ -196,6 +196,9 @@ class RunRow:
         return (self.finished_at - self.started_at).total_seconds()
 
 
+# A missing unit: a period (or, with --shards, one shard of it), as (its start, its key).
+Unit = tuple[datetime, str]
+
 _RUN_COLUMNS = (runs.c.job, runs.c.period, runs.c.status, runs.c.attempt, runs.c.fence,
                 runs.c.owner, runs.c.period_start, runs.c.period_end, runs.c.started_at,
                 runs.c.heartbeat_at, runs.c.finished_at, runs.c.exit_code)
@@ -215,6 +218,7 @@ class JobState:
     fires: int
     first_period_start: datetime
     now: datetime
+    shards: int = 1
     sched: Schedule | None = None
     error: str = ""  # the stored schedule cannot be rebuilt here (an unknown zone, say)
     first: Period | None = None
@@ -227,8 +231,8 @@ class JobState:
     last_done: RunRow | None = None
     open_rows: list[RunRow] = field(default_factory=list)  # running and failed rows
     no_row: int = 0  # due periods without any row
-    no_row_listed: list[Period] = field(default_factory=list)  # the first LIST_LIMIT + 1
-    no_row_last: Period | None = None
+    no_row_listed: list[Unit] = field(default_factory=list)  # the first LIST_LIMIT + 1
+    no_row_last: Unit | None = None
     no_row_at_least: bool = False  # no_row is a lower bound (a cron job's huge gap)
 
     @property
@@ -270,14 +274,16 @@ class JobState:
         return self.no_row + len(self.stale_due)
 
     def missing_keys(self, limit: int = LIST_LIMIT) -> list[str]:
-        found = [(_utc(p.start), p.key) for p in self.no_row_listed]
+        found = list(self.no_row_listed)
         found += [(r.period_start, r.period) for r in self.stale_due]
         return [key for _, key in sorted(found)[:limit]]
 
 
 def _select_jobs(conn: Connection, names: Sequence[str] | None,
                  namespace: str | None) -> list[Any]:
-    query = select(jobs)
+    query = select(jobs.c.job, jobs.c.kind, jobs.c.schedule, jobs.c.tz, jobs.c.lag,
+                   jobs.c.max_attempts, jobs.c.stale_after, jobs.c.fires,
+                   jobs.c.first_period_start, jobs.c.shards)
     if names:
         found: list[Any] = []
         for chunk in _chunks(list(names), 500):
@@ -309,7 +315,8 @@ def survey(conn: Connection, target: Target, job_rows: Sequence[Any], now: datet
 def _plan(row: Any, now: datetime, grace: float) -> JobState:
     """The job's periods at `now`, from its stored schedule: no database needed."""
     state = JobState(row.job, row.kind, row.schedule, row.tz, row.lag, row.max_attempts,
-                     float(row.stale_after), row.fires, _utc(row.first_period_start), now)
+                     float(row.stale_after), row.fires, _utc(row.first_period_start), now,
+                     max(1, int(row.shards or 1)))
     try:
         sched = make_schedule(row.schedule if row.kind == "every" else None,
                               row.schedule if row.kind == "cron" else None, row.tz)
@@ -375,21 +382,68 @@ def _read_last_done(conn: Connection, states: list[JobState]) -> None:
 
 
 def _locate_missing(conn: Connection, target: Target, s: JobState) -> None:
-    """Count the due periods that have no row; list the first few and the last one."""
+    """Count the due periods (with --shards: shards) that have no row; list the first few and
+    the last one."""
     if s.due_last is None or s.first is None or s.sched is None:
         return
     lo, hi = _utc(s.first.start), _utc(s.due_last.end)
     present = s.done_due + sum(1 for r in s.open_rows if lo <= r.period_start < hi)
-    if s.expected is not None and s.expected <= present:
-        return  # every due period has a row: the common, cheap case
+    expected = None if s.expected is None else s.expected * s.shards
+    if expected is not None and expected <= present:
+        return  # every due period has its rows: the common, cheap case
     holes = _holes(conn, target, s.name, lo, hi)
-    known = s.expected - present if s.expected is not None else None
-    listed, counted, capped = _walk(s.sched, holes, known)
+    partial = _partial(conn, target, s, lo, hi) if s.shards > 1 else []
+    known = expected - present if expected is not None else None
+    listed, counted, capped = _walk(s.sched, holes, partial, s.shards, known)
     s.no_row_listed = listed
     s.no_row = known if known is not None else counted
     s.no_row_at_least = capped
-    if holes and s.no_row:
-        s.no_row_last = s.sched.containing(holes[-1][1] - _TICK)
+    ends = []
+    if holes:
+        last = s.sched.containing(holes[-1][1] - _TICK)
+        ends.append((_utc(last.start), _shard_keys(last.key, s.shards)[-1]))
+    if partial:
+        ends.append(partial[-1][-1])
+    if ends and s.no_row:
+        s.no_row_last = max(ends)
+
+
+def _shard_keys(key: str, shards: int) -> list[str]:
+    """A period's keys in the ledger: KEY, or KEY#0 ... KEY#N-1 with --shards N."""
+    return [key] if shards == 1 else [f"{key}#{i}" for i in range(shards)]
+
+
+def _partial(conn: Connection, target: Target, s: JobState, lo: datetime,
+             hi: datetime) -> list[list[Unit]]:
+    """With --shards N: the due periods that have some rows but fewer than N, as the missing
+    shard keys of each, in order (all of them counted, the keys of the first few and of the
+    last one listed)."""
+    assert s.sched is not None
+    in_range = and_(runs.c.job == s.name, runs.c.period_start >= _bind(target, lo),
+                    runs.c.period_start < _bind(target, hi))
+    short = conn.execute(select(runs.c.period_start, func.count())
+                         .where(in_range)
+                         .group_by(runs.c.period_start)
+                         .having(func.count() < s.shards)
+                         .order_by(runs.c.period_start)).all()
+    starts = [_utc(start) for start, _ in short]
+    wanted = starts[:LIST_LIMIT + 1] + starts[-1:]
+    present: dict[datetime, set[str]] = {start: set() for start in wanted}
+    if wanted:
+        query = select(runs.c.period_start, runs.c.period).where(
+            runs.c.job == s.name,
+            runs.c.period_start.in_([_bind(target, start) for start in set(wanted)]))
+        for start, key in conn.execute(query):
+            present.setdefault(_utc(start), set()).add(key)
+    out = []
+    for start in starts:
+        if start in present:
+            base = s.sched.containing(start).key
+            out.append([(start, key) for key in _shard_keys(base, s.shards)
+                        if key not in present[start]])
+        else:  # only counted: placeholders, never listed
+            out.append([(start, "")] * s.shards)
+    return out
 
 
 def _holes(conn: Connection, target: Target, job: str, lo: datetime,
@@ -419,24 +473,36 @@ def _holes(conn: Connection, target: Target, job: str, lo: datetime,
 
 
 def _walk(sched: Schedule, holes: list[tuple[datetime, datetime]],
-          known: int | None) -> tuple[list[Period], int, bool]:
-    """The first LIST_LIMIT + 1 periods in the holes, and how many there are (walked only
-    when not known, up to WALK_LIMIT)."""
-    listed: list[Period] = []
+          partial: list[list[Unit]], shards: int,
+          known: int | None) -> tuple[list[Unit], int, bool]:
+    """The first LIST_LIMIT + 1 missing units, in order, and how many there are (walked only
+    when not known, up to WALK_LIMIT periods)."""
+    from heapq import merge
+
+    walked = 0
+    capped = False
+
+    def in_holes() -> Iterator[list[Unit]]:
+        nonlocal walked, capped
+        for start, end in holes:
+            period = sched.containing(start)
+            while _utc(period.start) < end:
+                if _utc(period.start) >= start:
+                    yield [(_utc(period.start), k) for k in _shard_keys(period.key, shards)]
+                walked += 1
+                if walked >= WALK_LIMIT:
+                    capped = True
+                    return
+                period = sched.next(period)
+
+    listed: list[Unit] = []
     counted = 0
-    for start, end in holes:
-        period = sched.containing(start)
-        while _utc(period.start) < end:
-            if _utc(period.start) >= start:
-                counted += 1
-                if len(listed) <= LIST_LIMIT:
-                    listed.append(period)
-            if known is not None and len(listed) > LIST_LIMIT:
-                return listed, counted, False
-            if counted >= WALK_LIMIT:
-                return listed, counted, True
-            period = sched.next(period)
-    return listed, counted, False
+    for units in merge(in_holes(), partial, key=lambda units: units[0][0]):
+        counted += len(units)
+        listed += units[:LIST_LIMIT + 1 - len(listed)]
+        if known is not None and len(listed) > LIST_LIMIT:
+            break  # the count is known: only the first few keys are wanted
+    return listed, counted, capped
 
 
 # -- the commands ----------------------------------------------------------------------------
@@ -539,7 +605,7 @@ def status_object(s: JobState) -> dict[str, Any]:
 def _last_missing(s: JobState) -> str | None:
     candidates = [(r.period_start, r.period) for r in s.stale_due]
     if s.no_row_last is not None:
-        candidates.append((_utc(s.no_row_last.start), s.no_row_last.key))
+        candidates.append(s.no_row_last)
     return max(candidates)[1] if candidates else None
 
 
@@ -610,16 +676,16 @@ def findings(states: Sequence[JobState]) -> list[Finding]:
 
 def _missing_findings(s: JobState) -> list[Finding]:
     listed = s.no_row_listed
-    out = [Finding(CRITICAL, s.name, p.key, "missing", at=_utc(p.start))
-           for p in listed[:LIST_LIMIT]]
+    out = [Finding(CRITICAL, s.name, key, "missing", at=start)
+           for start, key in listed[:LIST_LIMIT]]
     if s.no_row > LIST_LIMIT and len(listed) > LIST_LIMIT and s.no_row_last is not None:
         more = s.no_row - LIST_LIMIT
-        first, last = listed[LIST_LIMIT], s.no_row_last
+        (start, first), (_, last) = listed[LIST_LIMIT], s.no_row_last
         word = "at least " if s.no_row_at_least else ""
-        out.append(Finding(CRITICAL, s.name, f"{first.key}..{last.key}", "missing",
-                           f"{word}{more} more period{'' if more == 1 else 's'}",
-                           {"count": more, "first": first.key, "last": last.key},
-                           at=_utc(first.start)))
+        noun = "period" if s.shards == 1 else "shard"
+        out.append(Finding(CRITICAL, s.name, f"{first}..{last}", "missing",
+                           f"{word}{more} more {noun}{'' if more == 1 else 's'}",
+                           {"count": more, "first": first, "last": last}, at=start))
     return out
 
 
@@ -1049,20 +1115,30 @@ def _timelines(target: Target, states: Sequence[JobState],
                 runs.c.job == s.name,
                 runs.c.period_start >= _bind(target, shown[0].start),
                 runs.c.period_start < _bind(target, shown[-1].end))
-            rows = {r.period: r for r in conn.execute(query)}
-            drawn[s.name] = [(p, _cell(s, p, rows.get(p.key))) for p in shown]
+            rows: dict[str, list[Any]] = {}
+            for row in conn.execute(query):
+                rows.setdefault(row.period.partition("#")[0], []).append(row)
+            drawn[s.name] = [(p, _cell(s, p, rows.get(p.key, []))) for p in shown]
     return drawn
 
 
-def _cell(s: JobState, period: Period, row: Any) -> str:
-    if row is not None:
+def _cell(s: JobState, period: Period, rows: list[Any]) -> str:
+    """A period's state; with --shards, the worst of its shards' (a shard without a row is
+    missing once the period is due)."""
+    start = _utc(period.start)
+    due = s.due_last is not None and start <= _utc(s.due_last.start)
+    states = set()
+    for row in rows:
         if row.status == "running":
             age = (s.now - _utc(row.heartbeat_at)).total_seconds()
-            return "stale" if age > s.stale_after else "running"
-        return str(row.status)
-    start = _utc(period.start)
-    if s.first is None or start < _utc(s.first.start):
+            states.add("stale" if age > s.stale_after else "running")
+        else:
+            states.add(str(row.status))
+    if len(rows) < s.shards:
+        states.add("missing" if due else "pending")
+    if not rows and (s.first is None or start < _utc(s.first.start)):
         return "none"
-    if s.due_last is not None and start <= _utc(s.due_last.start):
-        return "missing"
-    return "pending"
+    for state in ("stale", "failed", "missing", "running", "pending"):
+        if state in states:
+            return state
+    return "done"

@@ -561,3 +561,30 @@ def test_timeline_on_a_terminal_is_coloured(once_env: dict[str, str]) -> None:
     out, code = in_pty([ONCE, "status", "nightly", "--timeline"], once_env)
     assert code == 0
     assert "\x1b[" in out and "■" in out and "□" in out
+
+
+# -- shards ----------------------------------------------------------------------------------
+
+
+def test_a_sharded_period_is_done_only_when_every_shard_is(once_env: dict[str, str],
+                                                           ledger_url: str) -> None:
+    result = once(once_env, "catchup", "--job", "sh", "--every", "day", "--shards", "3",
+                  "--since", day(-2), "--until", day(0), "--", "true")
+    assert result.returncode == 0, result.stderr
+    assert len(query(ledger_url, "SELECT period FROM once_runs")) == 9
+    assert check_lines(once_env)[0] == 0
+    query(ledger_url, mark("DELETE FROM once_runs WHERE period IN (?, ?, ?)", ledger_url),
+          (f"{day(-2)}#1", f"{day(-1)}#0", f"{day(-1)}#2"))
+    code, lines = check_lines(once_env)
+    assert (code, lines) == (2, [f"CRITICAL sh {day(-2)}#1 missing",
+                                 f"CRITICAL sh {day(-1)}#0 missing",
+                                 f"CRITICAL sh {day(-1)}#2 missing"])
+    (entry,) = status_json(once_env, "sh", "--timeline", "--last", "3")
+    assert entry["missing"] == 3
+    assert [c["state"] for c in entry["timeline"]] == ["missing", "missing", "done"]
+    query(ledger_url, mark("DELETE FROM once_runs WHERE period = ?", ledger_url),
+          (f"{day(-1)}#1",))
+    assert check_lines(once_env)[1] == [f"CRITICAL sh {day(-2)}#1 missing",
+                                        f"CRITICAL sh {day(-1)}#0 missing",
+                                        f"CRITICAL sh {day(-1)}#1 missing",
+                                        f"CRITICAL sh {day(-1)}#2 missing"]
