@@ -1,10 +1,12 @@
 """Telling the world: dead-man pings (healthchecks.io, Cronitor, Uptime Kuma, any URL) and
 --on-success / --on-failure / --on-skip hooks.
 
-Neither ever changes the outcome, the claim or the exit status: each request and each hook has
-a short timeout, a failed request is retried a few times with backoff, and what still fails is
-one `once:` line on stderr. Only the standard library is used (urllib), and only when a ping or
-hook is configured.
+Neither ever changes the outcome, the claim or the exit status. Pings are bounded: once the
+outcome is known, they delay `once run` by at most PING_BUDGET seconds in all (each request
+times out after PING_TIMEOUT, a failed one is tried PING_TRIES times with backoff), and what
+fails is one `once:` line on stderr that never shows the URL's path (it holds the key). A hook
+is killed after HOOK_TIMEOUT; its failure is one `once:` line. Only the standard library is
+used (urllib), and only when a ping or hook is configured.
 """
 
 from __future__ import annotations
@@ -14,14 +16,18 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PING_TIMEOUT = 3.0  # seconds per request
-PING_TRIES = 3  # so a ping costs at most about 3 x 3 s + 1.5 s of backoff
+PING_TRIES = 3
+BACKOFF = (0.5, 1.0)  # seconds before the second and the third try
+PING_BUDGET = PING_TRIES * PING_TIMEOUT + sum(BACKOFF)  # the most pings delay the exit
 HOOK_TIMEOUT = 30.0
+SHELL = "/bin/sh"
 
 SUCCESS = ("done",)
 SKIPS = ("skipped-done", "skipped-held", "skipped-failed")
+HOOK_OPTIONS = {"success": "--on-success", "failure": "--on-failure", "skip": "--on-skip"}
 
 
 @dataclass
@@ -34,9 +40,9 @@ class Notifier:
     on_success: str | None = None
     on_failure: str | None = None
     on_skip: str | None = None
-
-    def __post_init__(self) -> None:
-        self._start_ping: threading.Thread | None = None
+    _start: threading.Thread | None = field(default=None, init=False, repr=False)
+    _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _start_error: list[str] = field(default_factory=list, init=False, repr=False)
 
     @property
     def active(self) -> bool:
@@ -44,69 +50,162 @@ class Notifier:
 
     def started(self) -> None:
         """The command starts: ping URL/start, in the background (never delays the command)."""
-        if self.ping_url:
-            self._start_ping = threading.Thread(
-                target=ping, args=(self.ping_url.rstrip("/") + "/start",), daemon=True)
-            self._start_ping.start()
+        if not self.ping_url:
+            return
+        url = with_suffix(self.ping_url, "start")
+        stop = self._stop = threading.Event()
+        errors: list[str] = []
+        self._start_error = errors
+        self._start = threading.Thread(
+            target=lambda: errors.append(ping(url, stop=stop)), daemon=True)
+        self._start.start()
 
     def finished(self, outcome: str, status: int, env: Mapping[str, str]) -> None:
-        """The period's outcome is known: ping and run the matching hook."""
-        if self._start_ping is not None:  # keep the order start, then result
-            self._start_ping.join(timeout=PING_TIMEOUT * PING_TRIES + 2)
-        skipped = outcome in SKIPS
-        if self.ping_url and (not skipped or self.ping_on_skip):
-            base = self.ping_url.rstrip("/")
-            if outcome in SUCCESS or skipped:
-                ping(self.ping_url)
-            else:
-                ping(f"{base}/{status}" if self.ping_exit_status else f"{base}/fail")
-        hook = self.on_skip if skipped else (
-            self.on_success if outcome in SUCCESS else self.on_failure)
+        """The period's outcome is known: ping (within PING_BUDGET), then run the hook."""
+        deadline = time.monotonic() + PING_BUDGET
+        failures: list[tuple[str, str]] = []  # (which ping, why)
+        if self._start is not None:
+            # The start ping makes no new try now; one in flight may end (it is bounded by
+            # PING_TIMEOUT) so that the monitor sees start before the result.
+            self._stop.set()
+            self._start.join(PING_TIMEOUT + 0.5)
+            error = ("no answer" if self._start.is_alive()
+                     else next(iter(self._start_error), "failed"))
+            if error:
+                failures.append(("start", error))
+            self._start = None
+        url, which = self._result_url(outcome, status)
+        if url:
+            box: list[str] = []
+            worker = threading.Thread(target=lambda: box.append(ping(url, deadline)),
+                                      daemon=True)
+            worker.start()
+            worker.join(max(0.0, deadline - time.monotonic()) + 0.5)  # a hard bound
+            error = box[0] if box else "no answer"
+            if error:
+                failures.append((which, error))
+        if failures and self.ping_url:
+            _say(f"ping {redact_ping(self.ping_url)} failed: {_summary(failures)}")
+        kind = "skip" if outcome in SKIPS else "success" if outcome in SUCCESS else "failure"
+        hook = {"success": self.on_success, "failure": self.on_failure,
+                "skip": self.on_skip}[kind]
         if hook:
-            run_hook(hook, {**env, "ONCE_OUTCOME": outcome, "ONCE_STATUS": str(status)})
+            run_hook(hook, {**env, "ONCE_OUTCOME": outcome, "ONCE_STATUS": str(status)},
+                     HOOK_OPTIONS[kind])
+
+    def _result_url(self, outcome: str, status: int) -> tuple[str | None, str]:
+        """The URL that tells outcome, and what to call it in a message."""
+        if not self.ping_url:
+            return None, ""
+        if outcome in SKIPS:
+            if not self.ping_on_skip:
+                return None, ""
+            if outcome == "skipped-failed":  # attempts used up: never report it as alive
+                return with_suffix(self.ping_url, "fail"), "fail"
+            return self.ping_url, "skip"
+        if outcome in SUCCESS:
+            return self.ping_url, "success"
+        suffix = str(status) if self.ping_exit_status else "fail"
+        return with_suffix(self.ping_url, suffix), suffix
 
 
-def ping(url: str) -> bool:
-    """GET url, retried with backoff; a failure is one `once:` line, never an exception."""
+def _summary(failures: list[tuple[str, str]]) -> str:
+    """'start, fail: timed out' or 'start: timed out; fail: HTTP 404'."""
+    if len({error for _, error in failures}) == 1:
+        return f"{', '.join(which for which, _ in failures)}: {failures[0][1]}"
+    return "; ".join(f"{which}: {error}" for which, error in failures)
+
+
+def _say(message: str) -> None:
+    print(f"once: {message}", file=sys.stderr, flush=True)
+
+
+def with_suffix(url: str, suffix: str) -> str:
+    """URL/suffix, keeping a query string at the end (…/KEY/fail?rid=…)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{suffix}"))
+
+
+def ping(url: str, deadline: float | None = None, stop: threading.Event | None = None) -> str:
+    """GET url, tried PING_TRIES times with backoff, until deadline (monotonic) if given.
+
+    Returns '' on success, else why it failed (never the URL). A 4xx answer is not retried:
+    the server would say the same again. stop, once set, ends the tries.
+    """
     import urllib.error
     import urllib.request
 
-    error = ""
+    error = "no time left"
     for attempt in range(PING_TRIES):
         if attempt:
-            time.sleep(0.5 * attempt)
+            pause = BACKOFF[attempt - 1]
+            if deadline is not None and time.monotonic() + pause + 0.1 >= deadline:
+                break
+            if stop is not None:
+                if stop.wait(pause):
+                    break  # the result is known: a late start would come after it
+            else:
+                time.sleep(pause)
+        timeout = PING_TIMEOUT
+        if deadline is not None:
+            timeout = min(timeout, deadline - time.monotonic())
+            if timeout < 0.1:
+                break
         try:
             request = urllib.request.Request(url, headers={"User-Agent": "once"})
-            with urllib.request.urlopen(request, timeout=PING_TIMEOUT) as response:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
                 response.read(1024)
-            return True
+            return ""
         except urllib.error.HTTPError as exc:
             error = f"HTTP {exc.code}"
             if exc.code < 500:
-                break  # the server answered: a retry would get the same answer
+                break
         except Exception as exc:  # refused, timed out, bad URL: retry, then report
-            error = str(getattr(exc, "reason", exc)) or type(exc).__name__
-    print(f"once: ping {redact_ping(url)} failed: {error}", file=sys.stderr, flush=True)
-    return False
+            error = _why(exc)
+    return error
 
 
-def run_hook(command: str, env: Mapping[str, str]) -> int | None:
-    """Run a hook through /bin/sh with the run's environment; report, never raise."""
+def _why(exc: Exception) -> str:
+    """A request's failure in words that never include the URL (its path holds the key)."""
+    import http.client
+    import urllib.error
+
+    reason: object = exc
+    while isinstance(inner := getattr(reason, "reason", None), BaseException):
+        reason = inner  # URLError(reason=OSError(...)) and the like
+    if isinstance(reason, TimeoutError):
+        return "timed out"
+    if isinstance(reason, OSError) and isinstance(reason.strerror, str) and reason.strerror:
+        return reason.strerror  # "Connection refused", "Name or service not known", …
+    if isinstance(reason, http.client.HTTPException):
+        return f"bad answer from the server ({type(reason).__name__})"
+    if isinstance(reason, OSError | EOFError) and not isinstance(reason, urllib.error.URLError):
+        return type(reason).__name__
+    return "bad URL"  # URLError('no host given'), ValueError, InvalidURL: they quote the URL
+
+
+def run_hook(command: str, env: Mapping[str, str], option: str = "hook") -> int | None:
+    """Run a hook through /bin/sh with the run's environment; report, never raise.
+
+    Messages name the option, not the command, which may hold secrets of its own.
+    """
     import subprocess
 
     try:
-        done = subprocess.run(["/bin/sh", "-c", command], env=dict(env), timeout=HOOK_TIMEOUT,
+        done = subprocess.run([SHELL, "-c", command], env=dict(env), timeout=HOOK_TIMEOUT,
                               stdin=subprocess.DEVNULL, check=False)
     except subprocess.TimeoutExpired:
-        print(f"once: hook {command!r} timed out after {HOOK_TIMEOUT:g}s", file=sys.stderr,
-              flush=True)
+        _say(f"{option} hook timed out after {HOOK_TIMEOUT:g}s and was killed")
         return None
-    except OSError as exc:
-        print(f"once: hook {command!r} could not start: {exc.strerror}", file=sys.stderr,
-              flush=True)
+    except (OSError, ValueError) as exc:
+        _say(f"{option} hook could not start: {getattr(exc, 'strerror', None) or exc}")
         return None
     if done.returncode != 0:
-        print(f"once: hook {command!r} exited {done.returncode}", file=sys.stderr, flush=True)
+        how = (f"was killed by signal {-done.returncode}" if done.returncode < 0
+               else f"exited {done.returncode}")
+        _say(f"{option} hook {how}")
     return done.returncode
 
 
@@ -114,8 +213,27 @@ def redact_ping(url: str) -> str:
     """A ping URL usually embeds a secret key (healthchecks' UUID): show only its host."""
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}/…" if parts.netloc else "(bad URL)"
+    try:
+        parts = urlsplit(url)
+        return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/…"
+    except ValueError:
+        return "(bad URL)"
+
+
+def check_url(url: str) -> str | None:
+    """Why url cannot be a ping URL (never quoting its path), or None when it can."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  # raises on a bad port
+    except ValueError:
+        return "it is not a valid URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "expected http://HOST/… or https://HOST/…"
+    if any(c.isspace() or ord(c) < 32 or c == "\x7f" for c in url):
+        return "it holds whitespace or control characters (percent-encode them)"
+    return None
 
 
 def read_url_file(path: str) -> str:

@@ -1,0 +1,479 @@
+"""Pings and hooks (issue 8): a real HTTP server on 127.0.0.1, real `once` processes.
+
+The server records every request's path and arrival time (on the monotonic clock, which the
+kernel shares between processes); it can answer, answer with an error, or hang past the
+client's timeout, and a closed port stands for a server that refuses. What pings and hooks
+do not depend on the ledger's dialect runs on SQLite only (ids end in [sqlite]); what does
+(fencing out, skips of real claims, attempts) runs on every backend.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from helpers import run_once, wait_for
+from ledger_sql import query
+from once import notify
+from procs import start_once
+
+# The ledger's dialect does not matter to the test: run it on SQLite only.
+sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+
+KEY = "5ec12e7-ab5e-4c3f-9d1e-0badc0ffee00"  # stands for a healthchecks.io check's UUID
+DAY = ["--every", "day"]
+MARGIN = 6.0  # seconds: process start-up and scheduling on a loaded two-core machine
+HOOKS = ["--on-success", 'env > "$DIR/success.env"', "--on-failure",
+         'env > "$DIR/failure.env"', "--on-skip", 'env > "$DIR/skip.env"']
+
+
+# -- the server ------------------------------------------------------------------------------
+
+
+class PingServer:
+    """An HTTP server on 127.0.0.1 that records (path, monotonic time) of each request."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, float]] = []
+        self.status = 200
+        self.hang = False  # hold every request until the test ends
+        self.released = threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.requests.append((self.path, time.monotonic()))
+                if outer.hang:
+                    outer.released.wait(60)
+                self.send_response(outer.status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"OK")
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.handle_error = lambda request, address: None  # type: ignore[method-assign]
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, key: str = KEY) -> str:
+        return f"http://127.0.0.1:{self.port}/ping/{key}"
+
+    def paths(self) -> list[str]:
+        return [path for path, _ in self.requests]
+
+    def close(self) -> None:
+        self.released.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[PingServer]:
+    ping_server = PingServer()
+    yield ping_server
+    ping_server.close()
+
+
+@pytest.fixture
+def refused_url() -> Iterator[str]:
+    """A URL whose port refuses connections: bound (so nobody else takes it), not listening."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/ping/{KEY}"
+
+
+@pytest.fixture
+def env(once_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """once_env, with no proxy between `once` and 127.0.0.1."""
+    clean = {k: v for k, v in once_env.items() if "proxy" not in k.lower()}
+    return {**clean, "DIR": str(tmp_path), "no_proxy": "*"}
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def once(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`once` run to its end; the ping URL's key never appears in what it prints."""
+    result = run_once(*args, env=env, timeout=timeout)
+    assert KEY not in result.stdout + result.stderr, result.stderr
+    return result
+
+
+def once_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("once:")]
+
+
+def hook_env(path: Path) -> dict[str, str]:
+    """The ONCE_* variables a hook saw (it wrote `env` to path)."""
+    return dict(line.split("=", 1) for line in path.read_text().splitlines()
+                if line.startswith("ONCE_") and not line.startswith("ONCE_DATABASE_URL="))
+
+
+def ran_hooks(tmp_path: Path) -> list[str]:
+    return sorted(p.stem for p in tmp_path.glob("*.env"))
+
+
+# -- pings -----------------------------------------------------------------------------------
+
+
+@sqlite_only
+def test_start_then_success(server: PingServer, env: dict[str, str], tmp_path: Path) -> None:
+    ended = tmp_path / "ended"
+    child = ["--", sys.executable, "-c", "import sys, time; time.sleep(0.5); "
+             "open(sys.argv[1], 'w').write(repr(time.monotonic()))", str(ended)]
+    result = once("run", "--job", "pinged", *DAY, "--ping", server.url(), *child, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert server.paths() == [f"/ping/{KEY}/start", f"/ping/{KEY}"]
+    (_, start), (_, success) = server.requests
+    assert start < float(ended.read_text()) < success  # start while it runs, result after
+
+
+@sqlite_only
+@pytest.mark.parametrize(("exit_status", "path"), [(False, "fail"), (True, "3")],
+                         ids=["fail", "ping-exit-status"])
+def test_a_failure_pings_fail_or_the_status(server: PingServer, env: dict[str, str],
+                                            exit_status: bool, path: str) -> None:
+    flag = ["--ping-exit-status"] if exit_status else []
+    result = once("run", "--job", "failing", *DAY, "--ping", server.url(), *flag, "--", "sh",
+                  "-c", "exit 3", env=env)
+    assert result.returncode == 3
+    assert result.stderr == ""
+    assert server.paths() == [f"/ping/{KEY}/start", f"/ping/{KEY}/{path}"]
+
+
+@sqlite_only
+def test_a_query_string_stays_at_the_end(server: PingServer, env: dict[str, str]) -> None:
+    result = once("run", "--job", "query", *DAY, "--ping", server.url() + "?create=1", "--",
+                  "false", env=env)
+    assert result.returncode == 1
+    assert server.paths() == [f"/ping/{KEY}/start?create=1", f"/ping/{KEY}/fail?create=1"]
+
+
+@sqlite_only
+def test_a_skip_pings_only_with_ping_on_skip(server: PingServer, env: dict[str, str]) -> None:
+    args = ["run", "--job", "skipper", *DAY, "--ping", server.url()]
+    assert once(*args, "--", "true", env=env).returncode == 0
+    server.requests.clear()
+    quiet = once(*args, "--", "true", env=env)
+    assert (quiet.returncode, quiet.stderr) == (0, "")
+    assert server.paths() == []  # skipped-done, no --ping-on-skip: nothing
+    alive = once(*args, "--ping-on-skip", "--", "true", env=env)
+    assert (alive.returncode, alive.stderr) == (0, "")
+    assert server.paths() == [f"/ping/{KEY}"]  # no start: nothing started
+
+
+@sqlite_only
+def test_a_held_period_pings_on_skip_while_the_owner_runs(server: PingServer,
+                                                          env: dict[str, str],
+                                                          tmp_path: Path) -> None:
+    owner = start_once("run", "--job", "held", *DAY, "--ping", server.url(), "--", "sh", "-c",
+                       'touch "$DIR/started"; while [ ! -e "$DIR/release" ]; do sleep 0.05; '
+                       'done', env=env)
+    try:
+        wait_for(lambda: f"/ping/{KEY}/start" in server.paths(), what="the start ping")
+        skip = once("run", "--job", "held", *DAY, "--ping", server.url("other"),
+                    "--ping-on-skip", *HOOKS, "--", "true", env=env)
+        assert (skip.returncode, skip.stderr) == (0, "")
+        assert server.paths() == [f"/ping/{KEY}/start", "/ping/other"]
+        seen = hook_env(tmp_path / "skip.env")
+        assert seen["ONCE_OUTCOME"] == "skipped-held" and seen["ONCE_STATUS"] == "0"
+        assert "ONCE_ATTEMPT" not in seen and "ONCE_FENCE" not in seen
+        assert ran_hooks(tmp_path) == ["skip"]
+    finally:
+        (tmp_path / "release").touch()
+        _, err = owner.communicate(timeout=60)
+    assert owner.returncode == 0, err
+    assert server.paths()[-1] == f"/ping/{KEY}"
+
+
+@sqlite_only
+def test_a_period_failed_out_never_pings_alive(server: PingServer, env: dict[str, str],
+                                               tmp_path: Path) -> None:
+    args = ["run", "--job", "spent", *DAY, "--max-attempts", "1", "--ping", server.url(),
+            "--ping-on-skip", "--ping-exit-status"]
+    assert once(*args, "--", "false", env=env).returncode == 1
+    server.requests.clear()
+    skip = once(*args, *HOOKS, "--", "true", env=env)
+    assert skip.returncode == 0
+    assert len(once_lines(skip.stderr)) == 1  # the documented "no attempts left" warning
+    assert server.paths() == [f"/ping/{KEY}/fail"]  # not URL (alive), nor URL/0 (success)
+    assert hook_env(tmp_path / "skip.env")["ONCE_OUTCOME"] == "skipped-failed"
+
+
+@sqlite_only
+def test_a_4xx_answer_is_not_retried_and_a_5xx_is(server: PingServer,
+                                                  env: dict[str, str]) -> None:
+    server.status = 404
+    result = once("run", "--job", "gone", *DAY, "--ping", server.url(), "--", "true",
+                  env=env)
+    assert result.returncode == 0
+    assert server.paths() == [f"/ping/{KEY}/start", f"/ping/{KEY}"]
+    assert once_lines(result.stderr) == [
+        f"once: ping http://127.0.0.1:{server.port}/… failed: start, success: HTTP 404"]
+    assert result.stderr.count("\n") == 1
+    server.requests.clear()
+    server.status = 503
+    result = once("run", "--job", "busy", *DAY, "--ping", server.url(), "--", "true",
+                  env=env)
+    assert result.returncode == 0
+    assert server.paths().count(f"/ping/{KEY}") == notify.PING_TRIES
+    assert len(once_lines(result.stderr)) == 1 and "HTTP 503" in result.stderr
+
+
+@sqlite_only
+def test_the_ledger_unreachable_pings_nothing(server: PingServer, env: dict[str, str],
+                                              tmp_path: Path) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        db = f"postgresql://once@127.0.0.1:{closed.getsockname()[1]}/none"
+        result = once("run", "--job", "lost", *DAY, "--db", db, "--ping", server.url(),
+                      "--ping-on-skip", *HOOKS, "--", "true", env=env)
+    assert result.returncode == 75, result.stderr
+    assert server.paths() == [] and ran_hooks(tmp_path) == []
+
+
+# -- a server that hangs or refuses ----------------------------------------------------------
+
+
+@sqlite_only
+def test_a_hanging_server_delays_the_exit_by_at_most_the_bound(server: PingServer,
+                                                               env: dict[str, str],
+                                                               tmp_path: Path) -> None:
+    server.hang = True
+    bound = notify.PING_BUDGET + MARGIN
+    # Both exit statuses at once: the two runs wait out their timeouts side by side.
+    runs = {}
+    for status in (0, 3):
+        began = time.monotonic()
+        runs[status] = (began, start_once(
+            "run", "--job", f"hang-{status}", *DAY, "--ping", server.url(f"{KEY}-{status}"),
+            "--", "sh", "-c", f'touch "$DIR/ran-{status}"; exit {status}', env=env))
+    for status in (0, 3):  # the hanging start ping never holds the command back
+        wait_for(lambda s=status: (tmp_path / f"ran-{s}").exists(),
+                 timeout=notify.PING_TIMEOUT, what="the command, while the start ping hangs")
+    for status, (began, proc) in runs.items():
+        out, err = proc.communicate(timeout=bound + 30)
+        took = time.monotonic() - began
+        assert proc.returncode == status, err
+        assert took < bound, took
+        assert KEY not in out + err
+        lines = err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            f"once: ping http://127.0.0.1:{server.port}/… failed"), err
+        assert "timed out" in lines[0] or "no answer" in lines[0], lines[0]
+        mine = [p for p in server.paths() if p.startswith(f"/ping/{KEY}-{status}")]
+        result = f"/ping/{KEY}-{status}" if status == 0 else f"/ping/{KEY}-{status}/fail"
+        assert mine[0] == f"/ping/{KEY}-{status}/start"  # and never after the result
+        assert mine[1:] and set(mine[1:]) == {result}, mine
+
+
+@sqlite_only
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_refusing_server_changes_nothing_but_one_line(refused_url: str, env: dict[str, str],
+                                                        tmp_path: Path, status: int) -> None:
+    began = time.monotonic()
+    result = once("run", "--job", "refused", *DAY, "--ping", refused_url, "--on-success",
+                  'touch "$DIR/hooked"', "--on-failure", 'touch "$DIR/hooked"', "--", "sh",
+                  "-c", f"exit {status}", env=env)
+    took = time.monotonic() - began
+    assert result.returncode == status
+    assert took < notify.PING_BUDGET + MARGIN, took
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    host = refused_url.rsplit("/", 2)[0]
+    assert lines[0].startswith(f"once: ping {host}/… failed") and "refused" in lines[0]
+    assert (tmp_path / "hooked").exists()  # the hook still ran
+
+
+# -- hooks -----------------------------------------------------------------------------------
+
+
+def test_hooks_see_the_run_for_done_failed_and_skips(env: dict[str, str], tmp_path: Path,
+                                                     ledger_url: str) -> None:
+    done = once("run", "--job", "hooked", "--namespace", "ns", *DAY, *HOOKS, "--", "true",
+                env=env)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert ran_hooks(tmp_path) == ["success"]
+    seen = hook_env(tmp_path / "success.env")
+    period = seen["ONCE_PERIOD"]
+    assert seen == {"ONCE_JOB": "ns:hooked", "ONCE_PERIOD": period,
+                    "ONCE_PERIOD_START": seen["ONCE_PERIOD_START"],
+                    "ONCE_PERIOD_END": seen["ONCE_PERIOD_END"], "ONCE_TZ": "UTC",
+                    "ONCE_ATTEMPT": "1", "ONCE_FENCE": seen["ONCE_FENCE"],
+                    "ONCE_OUTCOME": "done", "ONCE_STATUS": "0"}
+    assert query(ledger_url, "SELECT period, fence FROM once_runs") == [
+        (period, int(seen["ONCE_FENCE"]))]
+
+    skip = once("run", "--job", "hooked", "--namespace", "ns", *DAY, "--skipped-exit-code",
+                "9", *HOOKS, "--", "true", env=env)
+    assert (skip.returncode, skip.stderr) == (9, "")
+    assert ran_hooks(tmp_path) == ["skip", "success"]
+    seen = hook_env(tmp_path / "skip.env")
+    assert (seen["ONCE_JOB"], seen["ONCE_PERIOD"]) == ("ns:hooked", period)
+    assert (seen["ONCE_OUTCOME"], seen["ONCE_STATUS"]) == ("skipped-done", "9")
+    assert "ONCE_ATTEMPT" not in seen
+
+    for attempt in (1, 2):
+        failed = once("run", "--job", "broken", *DAY, *HOOKS, "--", "sh", "-c", "exit 3",
+                      env=env)
+        assert failed.returncode == 3
+        seen = hook_env(tmp_path / "failure.env")
+        assert (seen["ONCE_JOB"], seen["ONCE_OUTCOME"], seen["ONCE_STATUS"],
+                seen["ONCE_ATTEMPT"]) == ("broken", "failed", "3", str(attempt))
+    assert ran_hooks(tmp_path) == ["failure", "skip", "success"]
+
+
+@sqlite_only
+def test_timed_out_pings_failure_and_keeps_124(server: PingServer, env: dict[str, str],
+                                               tmp_path: Path) -> None:
+    result = once("run", "--job", "slow", *DAY, "--timeout", "1s", "--ping", server.url(),
+                  "--ping-exit-status", *HOOKS, "--", "sleep", "30", env=env)
+    assert result.returncode == 124
+    assert len(once_lines(result.stderr)) == 1 and "timed out" in result.stderr
+    assert server.paths() == [f"/ping/{KEY}/start", f"/ping/{KEY}/124"]
+    assert ran_hooks(tmp_path) == ["failure"]
+    seen = hook_env(tmp_path / "failure.env")
+    assert (seen["ONCE_OUTCOME"], seen["ONCE_STATUS"], seen["ONCE_ATTEMPT"]) == (
+        "timed-out", "124", "1")
+
+
+def test_fenced_out_pings_failure_and_runs_on_failure(server: PingServer, env: dict[str, str],
+                                                      tmp_path: Path, ledger_url: str) -> None:
+    args = ["run", "--job", "paused", *DAY, "--stale-after", "2s"]
+    first = start_once(*args, "--ping", server.url(), *HOOKS, "--", "sh", "-c",
+                       'touch "$DIR/started"; exec sleep 600', env=env)
+    wait_for(lambda: (tmp_path / "started").exists() and server.paths(),
+             what="the command and the start ping")
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        def second_ran() -> bool:
+            result = once(*args, "--", "touch", str(tmp_path / "second"), env=env)
+            assert result.returncode == 0, result.stderr
+            return (tmp_path / "second").exists()
+
+        wait_for(second_ran, what="a second instance to take over")
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 70, err
+    assert KEY not in out + err
+    assert len(once_lines(err)) == 1 and "fenced out" in err
+    assert server.paths() == [f"/ping/{KEY}/start", f"/ping/{KEY}/fail"]
+    assert ran_hooks(tmp_path) == ["failure"]
+    seen = hook_env(tmp_path / "failure.env")
+    assert (seen["ONCE_JOB"], seen["ONCE_OUTCOME"], seen["ONCE_STATUS"],
+            seen["ONCE_ATTEMPT"]) == ("paused", "fenced-out", "70", "1")
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 2)]
+
+
+@sqlite_only
+def test_a_failing_hook_changes_nothing_but_one_line(env: dict[str, str],
+                                                     ledger_url: str) -> None:
+    result = once("run", "--job", "fine", *DAY, "--on-success", "exit 5", "--", "true",
+                  env=env)
+    assert result.returncode == 0
+    assert result.stderr.splitlines() == ["once: --on-success hook exited 5"]
+    assert query(ledger_url, "SELECT status, exit_code FROM once_runs") == [("done", 0)]
+
+
+@sqlite_only
+@pytest.mark.parametrize(("hook", "status"), [("no-such-command-4e2c", 127),
+                                              ("/dev/null", 126)],
+                         ids=["not-found", "not-executable"])
+def test_a_hook_that_cannot_run_changes_nothing_but_one_line(env: dict[str, str],
+                                                             ledger_url: str, hook: str,
+                                                             status: int) -> None:
+    result = once("run", "--job", "sad", *DAY, "--on-failure", hook, "--", "sh", "-c",
+                  "exit 3", env=env)
+    assert result.returncode == 3
+    # The shell says why in its own words; once adds one line.
+    assert once_lines(result.stderr) == [f"once: --on-failure hook exited {status}"]
+    assert query(ledger_url, "SELECT status, exit_code FROM once_runs") == [("failed", 3)]
+
+
+def test_a_hook_whose_shell_cannot_start_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str],
+                                                     tmp_path: Path) -> None:
+    monkeypatch.setattr(notify, "SHELL", str(tmp_path / "no-shell"))
+    notify.Notifier(on_success="true").finished("done", 0, dict(os.environ))
+    err = capsys.readouterr().err
+    assert err == "once: --on-success hook could not start: No such file or directory\n"
+
+
+def test_a_hook_that_hangs_is_killed(monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(notify, "HOOK_TIMEOUT", 0.5)
+    began = time.monotonic()
+    assert notify.run_hook("exec sleep 30", dict(os.environ), "--on-skip") is None
+    assert time.monotonic() - began < 5
+    assert capsys.readouterr().err == (
+        "once: --on-skip hook timed out after 0.5s and was killed\n")
+
+
+@sqlite_only
+def test_shards_tell_one_outcome(server: PingServer, env: dict[str, str],
+                                 tmp_path: Path) -> None:
+    args = ["run", "--job", "sharded", *DAY, "--shards", "2", "--ping", server.url(),
+            "--ping-on-skip", *HOOKS]
+    first = once(*args, "--", "true", env=env)  # shard 0
+    second = once(*args, "--", "true", env=env)  # shard 0 done: shard 1 runs, no skip told
+    assert (first.returncode, second.returncode) == (0, 0)
+    assert ran_hooks(tmp_path) == ["success"]
+    assert server.paths() == [f"/ping/{KEY}/start", f"/ping/{KEY}"] * 2
+    assert hook_env(tmp_path / "success.env")["ONCE_SHARD"] == "1"
+    server.requests.clear()
+    third = once(*args, "--", "true", env=env)  # both done: one skip
+    assert third.returncode == 0
+    assert server.paths() == [f"/ping/{KEY}"]
+    seen = hook_env(tmp_path / "skip.env")
+    assert seen["ONCE_OUTCOME"] == "skipped-done" and "ONCE_SHARD" not in seen
+
+
+# -- the URL ---------------------------------------------------------------------------------
+
+
+@sqlite_only
+def test_ping_url_file(server: PingServer, env: dict[str, str], tmp_path: Path) -> None:
+    url_file = tmp_path / "ping-url"
+    url_file.write_text(server.url() + "\n")
+    result = once("run", "--job", "filed", *DAY, "--ping-url-file", str(url_file), "--",
+                  "true", env=env)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert server.paths() == [f"/ping/{KEY}/start", f"/ping/{KEY}"]
+
+
+@sqlite_only
+@pytest.mark.parametrize("problem", ["missing", "empty", "no-scheme", "space", "both"])
+def test_a_bad_ping_url_is_a_usage_error(env: dict[str, str], tmp_path: Path,
+                                         problem: str) -> None:
+    url_file = tmp_path / "ping-url"
+    extra: list[str] = []
+    if problem == "empty":
+        url_file.write_text("\n")
+    elif problem == "no-scheme":
+        url_file.write_text(f"hc-ping.com/{KEY}")
+    elif problem == "space":
+        url_file.write_text(f"https://hc-ping.com/{KEY} /x")
+    elif problem == "both":
+        url_file.write_text(f"https://hc-ping.com/{KEY}")
+        extra = ["--ping", f"https://hc-ping.com/{KEY}"]
+    result = once("run", "--job", "bad-url", *DAY, "--ping-url-file", str(url_file), *extra,
+                  "--", "touch", str(tmp_path / "ran"), env=env)
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("once: ")
+    assert not (tmp_path / "ran").exists()
