@@ -26,8 +26,8 @@ def once_invocations() -> list[tuple[str, list[str]]]:
             line = line.split("#", 1)[0] if path.suffix != ".service" else line
             for piece in re.split(r"\|\||&&|[|>;]", line):
                 words = shlex.split(piece.replace("ExecStart=", ""))
-                for i, word in enumerate(words):
-                    if word.endswith("once") and i + 1 < len(words) and words[i + 1] in cli.commands:
+                for i, word in enumerate(words[:-1]):
+                    if word.endswith("once") and words[i + 1] in cli.commands:
                         found.append((f"{path.name}: {piece.strip()}", words[i + 1:]))
                         break
     found.append(("cronjob.yaml", k8s.command(EXAMPLES / "kubernetes" / "cronjob.yaml")[1:]))
