@@ -272,18 +272,22 @@ class _Clock(Schedule):
         return midnight + (wall - midnight) // self.unit * self.unit
 
     def _boundary_at_or_before(self, at: datetime) -> datetime:
+        """The latest boundary <= at: the multiple the clock last read, if the offset has not
+        changed since; else the offset change, if it is a boundary; else look before it."""
         while True:
             local = at.astimezone(self.tz)
             offset = local.utcoffset() or _ZERO
             floor = (self._floor(local.replace(tzinfo=None)) - offset).replace(tzinfo=UTC)
             if self._offset(floor) == offset:
-                return floor  # the clock read that multiple with today's offset: no change since
+                return floor  # (two offset changes within one unit do not happen)
             switch = self._switch(floor, at)
             if self._is_boundary(switch):
                 return switch
             at = switch - _SECOND  # boundaries fall on whole seconds: none in between
 
     def _boundary_after(self, at: datetime) -> datetime:
+        """The earliest boundary > at: the next multiple in the current offset, unless the
+        offset changes first; then that change, if it is a boundary, else look after it."""
         while True:
             local = at.astimezone(self.tz)
             offset = local.utcoffset() or _ZERO
@@ -350,7 +354,9 @@ class _Calendar(Schedule):
         """The first date of the period a date belongs to."""
         if self.months:
             return date(day.year, (day.month - 1) // self.months * self.months + 1, 1)
-        return day - timedelta(days=day.weekday() if self.days == 7 else 0)
+        if self.days == 7:
+            return day - timedelta(days=day.weekday())  # back to Monday
+        return day
 
     def _step(self, first: date, n: int) -> date:
         if self.months:

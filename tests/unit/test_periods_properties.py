@@ -41,7 +41,7 @@ def offset_changes(zone: str, year: int) -> list[datetime]:
         if after_probe.astimezone(tz).utcoffset() != before:
             lo, hi = probe, after_probe
             while hi - lo > SECOND:
-                middle = lo + (hi - lo) // 2
+                middle = lo + (hi - lo) // SECOND // 2 * SECOND  # whole seconds, like changes
                 if middle.astimezone(tz).utcoffset() == before:
                     lo = middle
                 else:
