@@ -23,9 +23,11 @@ The rules are CONTRACT.md's "Periods"; daylight saving time forces these choices
   A period whose start was moved out of a DST gap is keyed by its actual local start: on
   Australia/Lord_Howe the clock jumps from 02:00 to 02:30, so the hourly periods there are
   [01:00, 02:30) keyed ...T01:00+10:30 and [02:30, 03:00) keyed ...T02:30+11:00.
-* Cron. A period runs from a fire time to the next one; cronsim decides the fire times (a
-  fixed time fires once in a repeated hour and at the end of a gap that skips it, as cron
-  does), and an instant exactly on a fire time starts that fire time's period.
+* Cron. A period runs from a fire time to the next one, and an instant exactly on a fire
+  time starts that fire time's period. cronsim decides the fire times, as Debian cron does:
+  a fixed time (`30 1 * * *`) fires once in a repeated hour and, if a gap skips it, at the
+  end of the gap; an expression with `*` in its minute or hour field (`*/30 * * * *`) follows
+  the clock, firing in both passes of a repeated hour and not in a gap.
 * Keys: 2026 (year), 2026-Q4, 2026-10 (month), 2026-W44 (ISO year and week), 2026-10-27
   (day); clock and cron specs use the local start to the minute with its UTC offset,
   2026-10-27T10:00+01:00 (seconds show only for the odd pre-1972 offset that has them).
