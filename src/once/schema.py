@@ -28,17 +28,18 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    inspect,
     select,
     text,
 )
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.pool import NullPool
-from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 
 from once.ledger import LedgerError, Target, describe
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: shards, state, state_version, command_hash
 
 # Times are UTC instants: timestamptz on PostgreSQL, DATETIME(6) (UTC by convention, written
 # with UTC_TIMESTAMP(6)) on MySQL/MariaDB, ISO text on SQLite.
@@ -219,11 +220,29 @@ def _upgrade(conn: Connection) -> None:
             f"the ledger's schema is version {version}, newer than this once knows "
             f"({SCHEMA_VERSION}): upgrade once"
         )
-    # Steps go here as the schema grows: `if version < 2: conn.execute(...)`.
+    _add_missing(conn)
+    # Changes that adding columns and indexes cannot express go here, numbered:
+    # `if version < 3: conn.execute(...)`.
     if version < SCHEMA_VERSION:
         conn.execute(
             meta.update().where(meta.c.name == "schema_version").values(value=str(SCHEMA_VERSION))
         )
+
+
+def _add_missing(conn: Connection) -> None:
+    """Additive upgrades: columns and indexes declared here but missing in the database.
+
+    A new NOT NULL column carries a server default, so existing rows get it too.
+    """
+    inspector = inspect(conn)
+    for table in metadata.sorted_tables:
+        present = {column["name"] for column in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in present:
+                spec = CreateColumn(column).compile(dialect=conn.dialect)
+                conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {spec}"))
+        for index in table.indexes:
+            index.create(conn, checkfirst=True)
 
 
 def _prepare_sqlite_file(target: Target) -> None:
