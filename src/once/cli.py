@@ -337,7 +337,7 @@ def _progress(quiet: bool) -> Any:
     from once import core
 
     if quiet:
-        return _SilentProgress()
+        return _silent_progress()
     if sys.stderr.isatty():
         from once.progress import BarProgress
 
@@ -345,18 +345,14 @@ def _progress(quiet: bool) -> Any:
     return core.Progress()
 
 
-class _SilentProgress:
-    def start(self, total: int) -> None:
-        pass
+def _silent_progress() -> Any:
+    from once import core
 
-    def period(self, period: Any) -> None:
-        pass
+    class Silent(core.Progress):
+        def result(self, period: Any, result: Any, seconds: float) -> None:
+            pass
 
-    def result(self, period: Any, result: Any, seconds: float) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
+    return Silent()
 
 
 EXIT_REFUSED = 69
