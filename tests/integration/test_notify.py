@@ -41,10 +41,12 @@ HOOKS = ["--on-success", 'env > "$DIR/success.env"', "--on-failure",
 
 
 class PingServer:
-    """An HTTP server on 127.0.0.1 that records (path, monotonic time) of each request."""
+    """An HTTP server on 127.0.0.1 that records (path, monotonic time) of each request, and
+    appends each path to the file log, for a command that waits for a ping to arrive."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: Path) -> None:
         self.requests: list[tuple[str, float]] = []
+        self.log = log
         self.status = 200
         self.hang = False  # hold every request until the test ends
         self.released = threading.Event()
@@ -53,6 +55,8 @@ class PingServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 outer.requests.append((self.path, time.monotonic()))
+                with open(outer.log, "a") as log:
+                    log.write(self.path + "\n")
                 if outer.hang:
                     outer.released.wait(60)
                 self.send_response(outer.status)
@@ -82,8 +86,8 @@ class PingServer:
 
 
 @pytest.fixture
-def server() -> Iterator[PingServer]:
-    ping_server = PingServer()
+def server(tmp_path: Path) -> Iterator[PingServer]:
+    ping_server = PingServer(tmp_path / "requests.log")
     yield ping_server
     ping_server.close()
 
@@ -130,17 +134,21 @@ def ran_hooks(tmp_path: Path) -> list[str]:
 # -- pings -----------------------------------------------------------------------------------
 
 
+# Waits (up to 30 s) until the server has seen URL/start, then writes the time and exits.
+AWAIT_START = ('i=0; until grep -q /start "$DIR/requests.log" 2>/dev/null; do '
+               '[ $i -lt 600 ] || exit 9; i=$((i+1)); sleep 0.05; done; '
+               'exec "$PYTHON" -c "import time; print(repr(time.monotonic()))" > "$DIR/ended"')
+
+
 @sqlite_only
 def test_start_then_success(server: PingServer, env: dict[str, str], tmp_path: Path) -> None:
-    ended = tmp_path / "ended"
-    child = ["--", sys.executable, "-c", "import sys, time; time.sleep(0.5); "
-             "open(sys.argv[1], 'w').write(repr(time.monotonic()))", str(ended)]
-    result = once("run", "--job", "pinged", *DAY, "--ping", server.url(), *child, env=env)
-    assert result.returncode == 0, result.stderr
+    result = once("run", "--job", "pinged", *DAY, "--ping", server.url(), "--", "sh", "-c",
+                  AWAIT_START, env={**env, "PYTHON": sys.executable})
+    assert result.returncode == 0, result.stderr  # the start ping came while it ran
     assert result.stderr == ""
     assert server.paths() == [f"/ping/{KEY}/start", f"/ping/{KEY}"]
     (_, start), (_, success) = server.requests
-    assert start < float(ended.read_text()) < success  # start while it runs, result after
+    assert start < float((tmp_path / "ended").read_text()) < success
 
 
 @sqlite_only
@@ -262,10 +270,9 @@ def test_a_hanging_server_delays_the_exit_by_at_most_the_bound(server: PingServe
         began = time.monotonic()
         runs[status] = (began, start_once(
             "run", "--job", f"hang-{status}", *DAY, "--ping", server.url(f"{KEY}-{status}"),
-            "--", "sh", "-c", f'touch "$DIR/ran-{status}"; exit {status}', env=env))
-    for status in (0, 3):  # the hanging start ping never holds the command back
-        wait_for(lambda s=status: (tmp_path / f"ran-{s}").exists(),
-                 timeout=notify.PING_TIMEOUT, what="the command, while the start ping hangs")
+            "--", sys.executable, "-c", "import sys, time; open(sys.argv[1], 'w')"
+            ".write(repr(time.monotonic())); sys.exit(int(sys.argv[2]))",
+            str(tmp_path / f"ran-{status}"), str(status), env=env))
     for status, (began, proc) in runs.items():
         out, err = proc.communicate(timeout=bound + 30)
         took = time.monotonic() - began
@@ -276,10 +283,12 @@ def test_a_hanging_server_delays_the_exit_by_at_most_the_bound(server: PingServe
         assert len(lines) == 1 and lines[0].startswith(
             f"once: ping http://127.0.0.1:{server.port}/… failed"), err
         assert "timed out" in lines[0] or "no answer" in lines[0], lines[0]
-        mine = [p for p in server.paths() if p.startswith(f"/ping/{KEY}-{status}")]
+        mine = [(p, t) for p, t in server.requests if p.startswith(f"/ping/{KEY}-{status}")]
         result = f"/ping/{KEY}-{status}" if status == 0 else f"/ping/{KEY}-{status}/fail"
-        assert mine[0] == f"/ping/{KEY}-{status}/start"  # and never after the result
-        assert mine[1:] and set(mine[1:]) == {result}, mine
+        assert mine[0][0] == f"/ping/{KEY}-{status}/start"  # and never after the result
+        assert mine[1:] and {p for p, _ in mine[1:]} == {result}, mine
+        # The hanging start ping did not hold the command back until it timed out.
+        assert float((tmp_path / f"ran-{status}").read_text()) < mine[0][1] + notify.PING_TIMEOUT
 
 
 @sqlite_only
