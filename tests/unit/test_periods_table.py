@@ -6,14 +6,19 @@ zone uses at that moment; expected bounds are iso() strings, so the offset is ch
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from once import periods
 from once.periods import Period, Schedule, SpecError, iso
 
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 NY = "America/New_York"
 LH = "Australia/Lord_Howe"
 
@@ -629,3 +634,20 @@ def test_iso(n: int, instant: str, tz: str, expected: str) -> None:
 
 def test_iso_of_utc() -> None:
     assert iso(datetime(2026, 10, 27, tzinfo=UTC)) == "2026-10-27T00:00:00+00:00"
+
+
+# -- the hot path -----------------------------------------------------------------------------
+
+
+def test_every_schedules_do_not_import_cronsim() -> None:
+    """cronsim costs about 12 ms to import: only cron schedules may pay for it."""
+    script = (
+        "import sys\n"
+        "from datetime import UTC, datetime\n"
+        "from once import periods\n"
+        "periods.every('day', 'Europe/Berlin').containing(datetime.now(UTC))\n"
+        "assert 'cronsim' not in sys.modules, 'cronsim was imported'\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert (done.returncode, done.stderr) == (0, "")
