@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
@@ -50,6 +50,13 @@ class Outcome:
     @property
     def succeeded(self) -> bool:
         return self.kind == "exited" and self.status == 0 and self.interrupted_by is None
+
+
+T = TypeVar("T")
+
+
+class NoAnswer(Exception):
+    """The ledger did not answer a statement before the lease's deadline."""
 
 
 class Lease:
@@ -86,9 +93,45 @@ class Lease:
                 return False
         if ours:
             self.deadline = max(self.deadline, sent + self.stale_after)
+            self.last_error = ""
         else:
             self.lost = True
         return ours
+
+    def call(self, action: Callable[[], T]) -> T:
+        """Run one ledger statement under the lock; raise NoAnswer at the deadline.
+
+        A driver may wait for ever on a server that stopped answering (psycopg has no
+        client-side statement timeout): the statement then runs on a helper thread, which is
+        left behind. Past the deadline it still gets a short wait of its own.
+        """
+        floor = max(1.0, min(10.0, self.interval))
+        if not self.lock.acquire(timeout=max(floor, self.deadline - time.monotonic())):
+            raise NoAnswer("a renewal got no answer from the ledger")
+        box: list[T] = []
+        error: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                box.append(action())
+            except BaseException as exc:  # handed to the caller
+                error.append(exc)
+            finally:
+                self.lock.release()
+
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        worker.join(max(floor, self.deadline - time.monotonic()))
+        if worker.is_alive():
+            raise NoAnswer("the final write got no answer from the ledger")
+        if error:
+            raise error[0]
+        return box[0]
+
+    def step_down_reason(self) -> None:
+        """Past the deadline with no error seen: a renewal is still waiting for an answer."""
+        if not self.lost and not self.last_error:
+            self.last_error = "a renewal got no answer from the ledger"
 
 
 def run(
@@ -239,6 +282,7 @@ class _Supervisor:
         lease = self.lease
         if lease is not None and self.why is None and (lease.lost or lease.expired):
             self.why = "fenced-out"
+            lease.step_down_reason()
             self._stop(signal.SIGTERM)
         if self.timeout_at is not None and now >= self.timeout_at and self.why is None:
             self.why = "timed-out"
