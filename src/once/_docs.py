@@ -532,6 +532,16 @@ CHILD_ENV = (
         "that carries a smaller one.",
     ),
     ("ONCE_TZ", "The job's time zone."),
+    ("ONCE_STATE", "With `--state`: the job's watermark as the last successful run left it "
+                   "(empty at first)."),
+    ("ONCE_STATE_OUT", "With `--state`: a file path where the command may write the next "
+                       "watermark (at most 64 KiB of UTF-8; one trailing newline is dropped; "
+                       "no file means no change)."),
+    ("ONCE_SHARD", "With `--shards` <N>: this run's shard, 0 to <N>-1."),
+    ("ONCE_SHARDS", "With `--shards` <N>: <N>."),
+    ("ONCE_OUTCOME", "In `--on-success`, `--on-failure` and `--on-skip` hooks: done, failed, "
+                     "timed-out, fenced-out, skipped-done, skipped-held or skipped-failed."),
+    ("ONCE_STATUS", "In hooks: the exit status of `once run`."),
 )
 
 CHILD_ENV_INTRO = """\
