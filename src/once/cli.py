@@ -391,11 +391,19 @@ def rerun(job: str, key: str, reason: str | None, db: str | None,
                                    f"{target.redacted}")
         sched = make_schedule(the_job.schedule if the_job.kind == "every" else None,
                               the_job.schedule if the_job.kind == "cron" else None, the_job.tz)
-        period = sched.from_key(key)
+        base, sharp, index = key.partition("#")
+        shard = int(index) if index.isascii() and index.isdigit() else -1
+        if the_job.shards == 1 and sharp:
+            raise click.UsageError(f"bad --period {key!r}: job {name} has no shards")
+        if the_job.shards > 1 and not 0 <= shard < the_job.shards:
+            raise click.UsageError(f"job {name} runs {the_job.shards} shards: give --period "
+                                   f"KEY#i, i from 0 to {the_job.shards - 1}")
+        period = sched.from_key(base)
         settings = core.Settings(kill_after=kill_after, timeout=timeout,
                                  verbosity=_verbosity(verbose, quiet), log_format=log_format)
         result = core.run_period(ledger, the_job, period, command, settings,
-                                 rerun_reason=reason or "once rerun")
+                                 rerun_reason=reason or "once rerun",
+                                 shard=shard if the_job.shards > 1 else None)
     if result.outcome == "skipped-held":
         core.say(f"{name} {key}: rerun refused: a live attempt holds it; try again when it "
                  f"has finished")
