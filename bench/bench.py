@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from once import ledger
 
@@ -134,7 +135,173 @@ def main() -> None:
         target = ledger.parse_url(pg)
         compare("postgresql", pg, bare_script("postgresql", directory),
                 target.connect_args["conninfo"], 1.2)
+        if os.environ.get("BENCH_SKIP_REPORTS") != "1":
+            reports(directory, pg)
 
+
+# -- reports: once status and once check over 100 jobs x 10,000 periods ---------------------
+
+REPORT_JOBS = int(os.environ.get("BENCH_REPORT_JOBS", "100"))
+REPORT_PERIODS = int(os.environ.get("BENCH_REPORT_PERIODS", "10000"))
+# Schedules the seeded jobs take in turn (hourly and 15-minute ones cross DST changes).
+REPORT_SCHEDULES = [("hour", "Europe/Berlin"), ("day", "UTC"), ("15m", "America/New_York"),
+                    ("minute", "UTC")]
+REPORT_GOAL = 1.0  # seconds, wall time of the whole command
+
+
+def reports(directory: Path, pg: str) -> None:
+    """Seed a ledger of REPORT_JOBS jobs x REPORT_PERIODS periods (every 20th job with gaps,
+    failures and a stale attempt) on SQLite and PostgreSQL; time once status, check, metrics."""
+    from datetime import UTC, datetime
+
+    jobs, runs = report_rows(datetime.now(UTC))
+    print(f"reports: {len(jobs)} jobs, {len(runs)} rows in once_runs and once_attempts, "
+          f"median of 3 wall times per command")
+    sqlite_url = f"sqlite:///{directory / 'reports.db'}"
+    seed_sqlite(sqlite_url, jobs, runs)
+    time_reports("sqlite", sqlite_url)
+    pg_url, drop = pg_schema(pg, "once_bench_reports")
+    try:
+        seed_postgres(pg_url, jobs, runs)
+        time_reports("postgresql", pg_url)
+    finally:
+        drop()
+
+
+def report_rows(now: object) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    """(once_jobs rows, once_runs rows); times as aware UTC datetimes."""
+    from datetime import UTC, datetime, timedelta
+
+    from once.periods import schedule
+
+    assert isinstance(now, datetime)
+    periods = {}
+    for spec, tz in REPORT_SCHEDULES:  # each schedule walked once, shared by its jobs
+        sched = schedule(spec, None, tz)
+        walk = [sched.containing(now)]
+        while len(walk) < REPORT_PERIODS:
+            walk.append(sched.previous(walk[-1]))
+        periods[spec, tz] = [(p.key, p.start.astimezone(UTC), p.end.astimezone(UTC))
+                             for p in reversed(walk)]
+    jobs: list[tuple[object, ...]] = []
+    runs: list[tuple[object, ...]] = []
+    for i in range(REPORT_JOBS):
+        spec, tz = REPORT_SCHEDULES[i % len(REPORT_SCHEDULES)]
+        name = f"bench-{spec}-{i:03d}"
+        mine = periods[spec, tz]
+        troubled = i % 20 == 0
+        jobs.append((name, len(mine), len(mine), "every", spec, tz, 0, 3, 300.0, mine[0][1],
+                     now, now))
+        for n, (key, start, end) in enumerate(mine):
+            if troubled and 5000 <= n < 5010:
+                continue  # missing
+            status, code, beat = "done", 0, end
+            if troubled and n in (6000, 7000):
+                status, code = "failed", 1
+            if troubled and n == 8000:
+                status, code, beat = "running", None, now - timedelta(hours=1)  # stale
+            finished = None if status == "running" else end
+            runs.append((name, key, status, 1, n + 1, "seed", start, end, end, beat, finished,
+                         code))
+    return jobs, runs
+
+
+def seed_sqlite(url: str, jobs: list[tuple[object, ...]], runs: list[tuple[object, ...]]) -> None:
+    import sqlite3
+    from datetime import datetime
+
+    from once import schema
+
+    target = ledger.parse_url(url)
+    schema.ensure(target)
+
+    def text(row: tuple[object, ...]) -> tuple[object, ...]:
+        return tuple(v.strftime("%Y-%m-%d %H:%M:%S.%f") if isinstance(v, datetime) else v
+                     for v in row)
+
+    conn = sqlite3.connect(target.path)
+    with conn:
+        conn.executemany(f"INSERT INTO once_jobs (job, fence, fires, kind, schedule, tz, lag, "
+                         f"max_attempts, stale_after, first_period_start, created_at, "
+                         f"last_fire_at) VALUES ({', '.join('?' * 12)})", map(text, jobs))
+        conn.executemany(f"INSERT INTO once_runs VALUES ({', '.join('?' * 12)})",
+                         map(text, runs))
+        conn.executemany("INSERT INTO once_attempts (job, period, attempt, fence, owner, status, "
+                         "started_at, finished_at, exit_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         (text((r[0], r[1], r[3], r[4], r[5], r[2], r[8], r[10], r[11]))
+                          for r in runs))
+    conn.execute("ANALYZE")
+    conn.close()
+
+
+def pg_schema(url: str, name: str) -> tuple[str, Any]:
+    """A fresh schema on the server, its URL, and a function that drops it."""
+    from urllib.parse import quote
+
+    import psycopg
+
+    conninfo = ledger.parse_url(url).connect_args["conninfo"]
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+        conn.execute(f"CREATE SCHEMA {name}")
+
+    def drop() -> None:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options={quote('-csearch_path=' + name)}", drop
+
+
+def seed_postgres(url: str, jobs: list[tuple[object, ...]],
+                  runs: list[tuple[object, ...]]) -> None:
+    import psycopg
+
+    from once import schema
+
+    target = ledger.parse_url(url)
+    schema.ensure(target)
+    with psycopg.connect(target.connect_args["conninfo"], autocommit=True) as conn:
+        with conn.cursor() as cur:
+            with cur.copy("COPY once_jobs (job, fence, fires, kind, schedule, tz, lag, "
+                          "max_attempts, stale_after, first_period_start, created_at, "
+                          "last_fire_at) FROM STDIN") as copy:
+                for row in jobs:
+                    copy.write_row(row)
+            with cur.copy("COPY once_runs FROM STDIN") as copy:
+                for row in runs:
+                    copy.write_row(row)
+            with cur.copy("COPY once_attempts (job, period, attempt, fence, owner, status, "
+                          "started_at, finished_at, exit_code) FROM STDIN") as copy:
+                for r in runs:
+                    copy.write_row((r[0], r[1], r[3], r[4], r[5], r[2], r[8], r[10], r[11]))
+        conn.execute("VACUUM ANALYZE")
+
+
+def time_reports(name: str, url: str) -> None:
+    """Median wall time of 3 runs per command, and its CPU time (user + sys of the process:
+    what the wall time would be on an idle machine, the database server's share aside)."""
+    import resource
+
+    env = {**os.environ, "ONCE_DATABASE_URL": url}
+    for command in ("status", "check", "metrics"):
+        times = []
+        for _ in range(3):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            start = time.perf_counter()
+            result = subprocess.run([ONCE, command], env=env, capture_output=True)
+            wall = time.perf_counter() - start
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            times.append((wall, cpu))
+            if result.returncode not in (0, 1, 2):
+                raise SystemExit(f"bench: once {command} failed: "
+                                 f"{result.stderr.decode().strip()}")
+        wall, cpu = sorted(times)[1]
+        goal = "" if command == "metrics" else (
+            f"(goal <= {REPORT_GOAL:g} s)  {'ok' if wall <= REPORT_GOAL else 'OVER GOAL'}")
+        print(f"{name:<11} once {command:<8} {wall * 1000:6.0f} ms wall  {cpu * 1000:6.0f} ms cpu"
+              f"  {goal}".rstrip())
 
 if __name__ == "__main__":
     main()

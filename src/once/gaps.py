@@ -59,6 +59,20 @@ def count(sched: Schedule, first: Period, last: Period) -> int | None:
     return _boundaries(sched.tz, start, end, unit, phase, calendar)
 
 
+def count_starts(sched: Schedule, start: datetime, end: datetime) -> int | None:
+    """How many periods start in [start, end), two period boundaries; None for cron."""
+    start, end = _utc(start), _utc(end)
+    if end <= start:
+        return 0
+    if sched.kind != "every":
+        return None
+    if sched.spec in _CALENDAR_MONTHS:
+        first, last = sched.containing(start), sched.containing(end - _US)
+        return _month_index(last.key, sched.spec) - _month_index(first.key, sched.spec) + 1
+    unit, phase, calendar = _grid(sched.spec)
+    return _boundaries(sched.tz, start, end, unit, phase, calendar)
+
+
 def _grid(spec: str) -> tuple[int, int, bool]:
     """(unit in microseconds, phase, whether a repeated multiple counts once)."""
     if spec == "day":

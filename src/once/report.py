@@ -41,16 +41,20 @@ from __future__ import annotations
 import json
 import os
 import sys
+from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cache
+from itertools import islice, pairwise
 from typing import Any
 
 from sqlalchemy import (
     Connection,
     Engine,
     and_,
+    bindparam,
     create_engine,
     event,
     func,
@@ -70,7 +74,7 @@ from once.periods import Period, Schedule, SpecError, iso
 from once.periods import schedule as make_schedule
 
 LIST_LIMIT = 10  # findings (missing keys, failed periods) listed one by one per job and kind
-WALK_LIMIT = 100_000  # periods walked per job to count the gaps of a cron job
+WALK_LIMIT = 100_000  # missing units walked per job to count the gaps of a cron job
 CHUNK = 200  # jobs per statement (SQLite allows 500 terms in a compound SELECT)
 
 OK, WARNING, CRITICAL = 0, 1, 2
@@ -388,68 +392,139 @@ def _locate_missing(conn: Connection, target: Target, s: JobState) -> None:
         return
     lo, hi = _utc(s.first.start), _utc(s.due_last.end)
     present = s.done_due + sum(1 for r in s.open_rows if lo <= r.period_start < hi)
-    expected = None if s.expected is None else s.expected * s.shards
-    if expected is not None and expected <= present:
+    if s.expected is None:  # cron: no count; walk the gaps between the done rows
+        _walk_cron_gaps(conn, target, s, lo, hi)
+        return
+    missing = s.expected * s.shards - present
+    if missing <= 0:
         return  # every due period has its rows: the common, cheap case
-    holes = _holes(conn, target, s.name, lo, hi)
-    partial = _partial(conn, target, s, lo, hi) if s.shards > 1 else []
-    known = expected - present if expected is not None else None
-    listed, counted, capped = _walk(s.sched, holes, partial, s.shards, known)
-    s.no_row_listed = listed
-    s.no_row = known if known is not None else counted
-    s.no_row_at_least = capped
-    ends = []
-    if holes:
-        last = s.sched.containing(holes[-1][1] - _TICK)
-        ends.append((_utc(last.start), _shard_keys(last.key, s.shards)[-1]))
-    if partial:
-        ends.append(partial[-1][-1])
-    if ends and s.no_row:
-        s.no_row_last = max(ends)
+    finder = _GapFinder(conn, target, s)
+    s.no_row = missing
+    s.no_row_listed = list(islice(finder.units(lo, hi, missing), LIST_LIMIT + 1))
+    s.no_row_last = next(finder.units(lo, hi, missing, backwards=True), None)
 
 
-def _shard_keys(key: str, shards: int) -> list[str]:
-    """A period's keys in the ledger: KEY, or KEY#0 ... KEY#N-1 with --shards N."""
-    return [key] if shards == 1 else [f"{key}#{i}" for i in range(shards)]
+SPLIT = 8  # a stretch with a gap is split into this many parts, counted in one statement
 
 
-def _partial(conn: Connection, target: Target, s: JobState, lo: datetime,
-             hi: datetime) -> list[list[Unit]]:
-    """With --shards N: the due periods that have some rows but fewer than N, as the missing
-    shard keys of each, in order (all of them counted, the keys of the first few and of the
-    last one listed)."""
+@cache
+def _split_counts() -> Executable:
+    """Done rows of job in [a0, b0), ..., [a7, b7): one statement, built and compiled once."""
+    when = runs.c.period_start.type
+    return union_all(*[
+        select(literal_column(str(i)).label("i"), func.count().label("n")).where(
+            runs.c.job == bindparam("job"), runs.c.status == "done",
+            runs.c.period_start >= bindparam(f"a{i}", type_=when),
+            runs.c.period_start < bindparam(f"b{i}", type_=when))
+        for i in range(SPLIT)])
+
+
+class _GapFinder:
+    """Finds the missing units of an `every` job by counting.
+
+    A stretch [a, b) between period boundaries should hold count_starts(a, b) x shards rows.
+    Everything after the job's latest row is a gap known without a query (a job that stopped);
+    elsewhere a stretch with a deficit is cut into SPLIT parts whose done rows are counted in
+    one statement (index once_runs_job_status_start), and only the parts with a deficit are
+    searched further: a gap is found in about log_SPLIT(periods) round trips, and a stretch
+    with no row at all is known whole without being walked.
+    """
+
+    def __init__(self, conn: Connection, target: Target, s: JobState) -> None:
+        assert s.sched is not None
+        self.conn, self.target, self.s, self.sched = conn, target, s, s.sched
+        self.open_starts = sorted(r.period_start for r in s.open_rows)
+        starts = [r.period_start for r in s.open_rows]
+        if s.last_done is not None:
+            starts.append(s.last_done.period_start)
+        self.latest = max(starts, default=None)  # no row starts after it
+        self.counts = _split_counts()
+
+    def expected(self, a: datetime, b: datetime) -> int:
+        return (gaps.count_starts(self.sched, a, b) or 0) * self.s.shards
+
+    def deficits(self, cuts: list[datetime]) -> list[int]:
+        """expected - present for each stretch between consecutive cuts (at most SPLIT)."""
+        params: dict[str, Any] = {"job": self.s.name}
+        pairs = list(pairwise(cuts))
+        for i in range(SPLIT):
+            a, b = pairs[i] if i < len(pairs) else (cuts[-1], cuts[-1])
+            params[f"a{i}"], params[f"b{i}"] = _bind(self.target, a), _bind(self.target, b)
+        done: dict[Any, Any] = dict(self.conn.execute(self.counts, params).all())
+        out = []
+        for i, (a, b) in enumerate(pairs):
+            opened = bisect_left(self.open_starts, b) - bisect_left(self.open_starts, a)
+            out.append(self.expected(a, b) - int(done.get(i, 0)) - opened)
+        return out
+
+    def units(self, a: datetime, b: datetime, deficit: int,
+              backwards: bool = False) -> Iterator[Unit]:
+        """The missing units in [a, b), which lacks `deficit` rows, in order (or reversed)."""
+        if deficit <= 0:
+            return
+        tail = None
+        if self.latest is not None and a <= self.latest < b:
+            tail_start = _utc(self.sched.containing(self.latest).end)
+            if tail_start < b:
+                tail = (tail_start, b)
+                deficit -= self.expected(tail_start, b)
+                b = tail_start
+        if backwards and tail:
+            yield from self._all(*tail, backwards)
+        yield from self._search(a, b, deficit, backwards)
+        if not backwards and tail:
+            yield from self._all(*tail, backwards)
+
+    def _search(self, a: datetime, b: datetime, deficit: int,
+                backwards: bool) -> Iterator[Unit]:
+        if deficit <= 0 or b <= a:
+            return
+        first = self.sched.containing(a)
+        if deficit >= self.expected(a, b):  # nothing there at all
+            yield from self._all(a, b, backwards)
+            return
+        if _utc(first.end) >= b:  # one period, some of its shards missing
+            yield from self._shards_missing(first, backwards)
+            return
+        cuts = [a]
+        for k in range(1, SPLIT):
+            cut = _utc(self.sched.containing(a + (b - a) * k / SPLIT).start)
+            if cut > cuts[-1]:
+                cuts.append(cut)
+        cuts.append(b)
+        if len(cuts) == 2:  # too few periods to cut at instants: cut after the first one
+            cuts = [a, _utc(first.end), b]
+        stretches = [(x, y, lack) for (x, y), lack
+                     in zip(pairwise(cuts), self.deficits(cuts), strict=True)]
+        for x, y, lack in reversed(stretches) if backwards else stretches:
+            yield from self._search(x, y, lack, backwards)
+
+    def _all(self, a: datetime, b: datetime, backwards: bool) -> Iterator[Unit]:
+        period = self.sched.containing(b - _TICK if backwards else a)
+        while a <= _utc(period.start) < b:
+            keys = _shard_keys(period.key, self.s.shards)
+            for key in reversed(keys) if backwards else keys:
+                yield (_utc(period.start), key)
+            period = self.sched.previous(period) if backwards else self.sched.next(period)
+
+    def _shards_missing(self, period: Period, backwards: bool) -> Iterator[Unit]:
+        query = select(runs.c.period).where(
+            runs.c.job == self.s.name,
+            runs.c.period_start == _bind(self.target, period.start))
+        have = set(self.conn.execute(query).scalars())
+        keys = [k for k in _shard_keys(period.key, self.s.shards) if k not in have]
+        for key in reversed(keys) if backwards else keys:
+            yield (_utc(period.start), key)
+
+
+def _walk_cron_gaps(conn: Connection, target: Target, s: JobState, lo: datetime,
+                    hi: datetime) -> None:
+    """A cron job's missing units: walk the stretches between its done rows (read in the
+    order of index once_runs_job_status_start), skipping periods that have a failed or
+    running row."""
     assert s.sched is not None
-    in_range = and_(runs.c.job == s.name, runs.c.period_start >= _bind(target, lo),
-                    runs.c.period_start < _bind(target, hi))
-    short = conn.execute(select(runs.c.period_start, func.count())
-                         .where(in_range)
-                         .group_by(runs.c.period_start)
-                         .having(func.count() < s.shards)
-                         .order_by(runs.c.period_start)).all()
-    starts = [_utc(start) for start, _ in short]
-    wanted = starts[:LIST_LIMIT + 1] + starts[-1:]
-    present: dict[datetime, set[str]] = {start: set() for start in wanted}
-    if wanted:
-        query = select(runs.c.period_start, runs.c.period).where(
-            runs.c.job == s.name,
-            runs.c.period_start.in_([_bind(target, start) for start in set(wanted)]))
-        for start, key in conn.execute(query):
-            present.setdefault(_utc(start), set()).add(key)
-    out = []
-    for start in starts:
-        if start in present:
-            base = s.sched.containing(start).key
-            out.append([(start, key) for key in _shard_keys(base, s.shards)
-                        if key not in present[start]])
-        else:  # only counted: placeholders, never listed
-            out.append([(start, "")] * s.shards)
-    return out
-
-
-def _holes(conn: Connection, target: Target, job: str, lo: datetime,
-           hi: datetime) -> list[tuple[datetime, datetime]]:
-    """The stretches of [lo, hi) that no row of the job covers, in order."""
-    in_range = and_(runs.c.job == job, runs.c.period_start >= _bind(target, lo),
+    in_range = and_(runs.c.job == s.name, runs.c.status == "done",
+                    runs.c.period_start >= _bind(target, lo),
                     runs.c.period_start < _bind(target, hi))
     following = func.lead(runs.c.period_start, type_=runs.c.period_start.type).over(
         order_by=runs.c.period_start)
@@ -460,49 +535,62 @@ def _holes(conn: Connection, target: Target, job: str, lo: datetime,
              .where(or_(rows.c.f.is_(None), rows.c.f > rows.c.e))
              .order_by(rows.c.s))
     first = conn.execute(select(func.min(runs.c.period_start)).where(in_range)).scalar()
-    if first is None:
-        return [(lo, hi)]
     holes = []
-    if _utc(first) > lo:
-        holes.append((lo, _utc(first)))
+    if first is None or _utc(first) > lo:
+        holes.append((lo, hi if first is None else _utc(first)))
     for end, following_start in conn.execute(query):
         gap_end = hi if following_start is None else _utc(following_start)
         if _utc(end) < gap_end:
             holes.append((_utc(end), gap_end))
-    return holes
-
-
-def _walk(sched: Schedule, holes: list[tuple[datetime, datetime]],
-          partial: list[list[Unit]], shards: int,
-          known: int | None) -> tuple[list[Unit], int, bool]:
-    """The first LIST_LIMIT + 1 missing units, in order, and how many there are (walked only
-    when not known, up to WALK_LIMIT periods)."""
-    from heapq import merge
-
-    walked = 0
-    capped = False
-
-    def in_holes() -> Iterator[list[Unit]]:
-        nonlocal walked, capped
-        for start, end in holes:
-            period = sched.containing(start)
-            while _utc(period.start) < end:
-                if _utc(period.start) >= start:
-                    yield [(_utc(period.start), k) for k in _shard_keys(period.key, shards)]
-                walked += 1
-                if walked >= WALK_LIMIT:
-                    capped = True
-                    return
-                period = sched.next(period)
-
+    # Rows that are not done fill some of those stretches: a period is missing only the keys
+    # that have no row at all. With --shards, a period may also lack some shards' rows.
+    have: dict[datetime, set[str]] = {}
+    for r in s.open_rows:
+        have.setdefault(r.period_start, set()).add(r.period)
+    if s.shards > 1:
+        short = (select(runs.c.period_start)
+                 .where(runs.c.job == s.name, runs.c.period_start >= _bind(target, lo),
+                        runs.c.period_start < _bind(target, hi))
+                 .group_by(runs.c.period_start).having(func.count() < s.shards))
+        starts = [_utc(x) for x in conn.execute(short.limit(WALK_LIMIT)).scalars()]
+        for chunk in _chunks([_bind(target, x) for x in starts], 500):
+            keys = select(runs.c.period_start, runs.c.period).where(
+                runs.c.job == s.name, runs.c.period_start.in_(chunk))
+            for at, key in conn.execute(keys):
+                have.setdefault(_utc(at), set()).add(key)
+        holes += [(at, at + _TICK) for at in starts]  # containing(at) is that period
+        holes.sort()
     listed: list[Unit] = []
     counted = 0
-    for units in merge(in_holes(), partial, key=lambda units: units[0][0]):
-        counted += len(units)
-        listed += units[:LIST_LIMIT + 1 - len(listed)]
-        if known is not None and len(listed) > LIST_LIMIT:
-            break  # the count is known: only the first few keys are wanted
-    return listed, counted, capped
+    last: Unit | None = None
+    walked = _NEVER  # the latest period start walked (a short period may lie in a hole too)
+    for start, end in holes:
+        period = s.sched.containing(start)
+        while _utc(period.start) < end:
+            at = _utc(period.start)
+            if at <= walked:
+                period = s.sched.next(period)
+                continue
+            walked = at
+            for key in _shard_keys(period.key, s.shards):
+                if key in have.get(at, ()):
+                    continue
+                counted += 1
+                last = (at, key)
+                if len(listed) <= LIST_LIMIT:
+                    listed.append(last)
+            if counted >= WALK_LIMIT:
+                s.no_row_at_least = True
+                break
+            period = s.sched.next(period)
+        if s.no_row_at_least:
+            break
+    s.no_row, s.no_row_listed, s.no_row_last = counted, listed, last
+
+
+def _shard_keys(key: str, shards: int) -> list[str]:
+    """A period's keys in the ledger: KEY, or KEY#0 ... KEY#N-1 with --shards N."""
+    return [key] if shards == 1 else [f"{key}#{i}" for i in range(shards)]
 
 
 # -- the commands ----------------------------------------------------------------------------
