@@ -112,16 +112,26 @@ def _engine(target: Target) -> Engine:
 
 @contextmanager
 def _reading(target: Target) -> Iterator[Connection]:
-    """One connection in one consistent snapshot; errors become LedgerError (exit 75)."""
+    """One connection in one consistent snapshot; errors become LedgerError (exit 75).
+
+    A ledger whose schema is older than this once's is upgraded first (`once schema`), as the
+    next `once run` would do, so that reports can read the columns they know.
+    """
     if target.dialect == "sqlite" and not os.path.exists(target.path):
         raise _NoLedger  # connecting would create an empty file
     eng = _engine(target)
     try:
-        with eng.connect() as conn:
-            if target.dialect != "sqlite":
-                conn = conn.execution_options(isolation_level="REPEATABLE READ")
-            with conn.begin():
-                yield conn
+        for tries in (1, 2):
+            with eng.connect() as conn:
+                if target.dialect != "sqlite":
+                    conn = conn.execution_options(isolation_level="REPEATABLE READ")
+                with conn.begin():
+                    version = conn.execute(select(tables.meta.c.value).where(
+                        tables.meta.c.name == "schema_version")).scalar()
+                    if tries == 2 or int(version or 0) >= tables.SCHEMA_VERSION:
+                        yield conn
+                        return
+            tables.ensure(target)
     except SQLAlchemyError as exc:
         if _is_missing_table(exc):
             raise _NoLedger from None
