@@ -470,3 +470,62 @@ def test_a_result_that_cannot_be_written_exits_75(private_pg: PrivatePostgres,
     assert time.monotonic() - stopped < stale + 3
     private_pg.start()
     assert query(url, "SELECT status, attempt FROM once_runs") == [("running", 1)]
+
+
+def _postgres_processes(private_pg: PrivatePostgres) -> list[int]:
+    postmaster = int((private_pg.data / "postmaster.pid").read_text().split()[0])
+    return [postmaster, *children(postmaster)]
+
+
+def test_a_hung_database_makes_the_owner_step_down(private_pg: PrivatePostgres,
+                                                   pg_env: dict[str, str],
+                                                   tmp_path: Path) -> None:
+    # A server that stops answering (frozen, or cut off) rather than refusing: a renewal
+    # blocks in the driver. The owner still steps down by its deadline and exits.
+    stale = 3.0
+    owner = start_once("run", "--job", "hung", *DAY, "--stale-after", f"{stale:g}s", "--",
+                       "sh", "-c", SLEEPER, env=pg_env)
+    shell, sleeper = child_pids(tmp_path)
+    frozen = _postgres_processes(private_pg)
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        status, _, err = finished(owner, timeout=30)
+        took = time.monotonic() - stopped
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    assert status == 70, err
+    line = once_lines(err)[0]
+    assert "fenced out" in line and "no answer" in line, line
+    assert took < stale + 3, took
+    assert not alive(shell) and not alive(sleeper)
+
+
+def test_a_database_that_hangs_during_the_final_write_exits_75(private_pg: PrivatePostgres,
+                                                               pg_env: dict[str, str],
+                                                               tmp_path: Path) -> None:
+    url = pg_env["ONCE_DATABASE_URL"]
+    stale = 3.0
+    owner = start_once("run", "--job", "hung", *DAY, "--stale-after", f"{stale:g}s", "--",
+                       "sh", "-c", 'touch "$DIR/started"; while [ ! -e "$DIR/release" ]; '
+                       'do sleep 0.05; done', env=pg_env)
+    wait_for(lambda: (tmp_path / "started").exists(), what="the child")
+    frozen = _postgres_processes(private_pg)
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        (tmp_path / "release").touch()
+        status, _, err = finished(owner, timeout=30)
+        took = time.monotonic() - stopped
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    assert status == 75, err
+    assert "not recorded" in once_lines(err)[0]
+    assert took < stale + 1 + 3, took  # the deadline, a last short wait, and a margin
+    # Never a wrong status: the row still runs (or the write the server finally read is right).
+    assert query(url, "SELECT status, attempt FROM once_runs") in ([("running", 1)],
+                                                                   [("done", 1)])
