@@ -6,10 +6,18 @@ ONCE_TEST_BACKENDS (default: sqlite,embedded-postgres), each test in its own dat
   per session in a temporary directory.
 - postgres: the server at ONCE_TEST_POSTGRES_URL (CI: the machine's, 127.0.0.1:5432/test).
 - mariadb: the server at ONCE_TEST_MARIADB_URL (CI: the machine's, 127.0.0.1:3306/test).
+- pgbouncer: the PostgreSQL server at ONCE_TEST_POSTGRES_URL seen through a PgBouncer in
+  transaction pooling mode at ONCE_TEST_PGBOUNCER_URL (CI: .ci/pgbouncer starts Debian's on
+  127.0.0.1:6432/test, every database name passed through to the machine's server). Only the
+  race and liveness tests run through it (PGBOUNCER_MODULES; its other tests are deselected):
+  they are where pooling could break a claim, a heartbeat or a finish. The other backend
+  tests passed through it too, but took another 6 to 7 minutes on a loaded two-core machine.
 
 PostgreSQL tests get a schema of their own (search_path in the URL), MariaDB tests a database
-of their own. A backend that was named but cannot be reached stops the whole session with a
-non-zero status: it never turns into skipped tests.
+of their own. PgBouncer refuses the `options` startup parameter that carries search_path, so
+pgbouncer tests get a database of their own, created and dropped on the server directly.
+A backend that was named but cannot be reached stops the whole session with a non-zero
+status: it never turns into skipped tests.
 """
 
 from __future__ import annotations
@@ -22,14 +30,17 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import pytest
 
-KNOWN = ("sqlite", "embedded-postgres", "postgres", "mariadb")
+KNOWN = ("sqlite", "embedded-postgres", "postgres", "mariadb", "pgbouncer")
 BACKENDS = [b.strip() for b in os.environ.get(
     "ONCE_TEST_BACKENDS", "sqlite,embedded-postgres").split(",") if b.strip()]
 from helpers import ONCE  # noqa: E402
+
+# The modules whose tests also run through PgBouncer: the races and liveness.
+PGBOUNCER_MODULES = ("test_run.py", "test_liveness.py")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -43,6 +54,19 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         except Exception as exc:  # a named backend must be there: fail, never skip
             pytest.exit(f"backend {name} was asked for but is unreachable: {exc}",
                         returncode=3)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep pgbouncer's tests to PGBOUNCER_MODULES (see the module's docstring)."""
+    def elsewhere(item: pytest.Item) -> bool:
+        callspec = getattr(item, "callspec", None)
+        return (callspec is not None and callspec.params.get("backend") == "pgbouncer"
+                and item.path.name not in PGBOUNCER_MODULES)
+
+    deselected = [item for item in items if elsewhere(item)]
+    if deselected:
+        items[:] = [item for item in items if not elsewhere(item)]
+        config.hook.pytest_deselected(items=deselected)
 
 
 # -- servers ---------------------------------------------------------------------------------
@@ -95,6 +119,34 @@ class Server:
             print(f"warning: could not drop {name}: {exc}", file=sys.stderr)
 
 
+@dataclass
+class _BouncedServer(Server):
+    """PostgreSQL through PgBouncer: tests connect through it, admin work goes around it."""
+
+    bouncer_url: str = ""
+
+    def check(self) -> None:
+        super().check()
+        import psycopg
+
+        with psycopg.connect(self.bouncer_url, autocommit=True, connect_timeout=5,
+                             prepare_threshold=None) as conn:
+            conn.execute("SELECT 1")
+
+    def new_database(self) -> tuple[str, str]:
+        name = "once_t_" + uuid.uuid4().hex[:12]
+        with self.admin() as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return urlsplit(self.bouncer_url)._replace(path="/" + name).geturl(), name
+
+    def drop(self, name: str) -> None:
+        try:
+            with self.admin() as conn:  # FORCE: PgBouncer may still hold server connections
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        except Exception as exc:  # leftovers are harmless: every test has its own name
+            print(f"warning: could not drop {name}: {exc}", file=sys.stderr)
+
+
 _servers: dict[str, Server] = {}
 
 
@@ -106,6 +158,10 @@ def _server(name: str) -> Server:
             _servers[name] = Server(name, "postgresql", start_embedded_postgres())
         elif name == "postgres":
             _servers[name] = Server(name, "postgresql", _env_url("ONCE_TEST_POSTGRES_URL"))
+        elif name == "pgbouncer":
+            _servers[name] = _BouncedServer(name, "postgresql",
+                                            _env_url("ONCE_TEST_POSTGRES_URL"),
+                                            _env_url("ONCE_TEST_PGBOUNCER_URL"))
         else:
             _servers[name] = Server(name, "mysql", _env_url("ONCE_TEST_MARIADB_URL"))
     return _servers[name]
