@@ -44,10 +44,11 @@ main()
 SQLITE_BODY = """conn = sqlite3.connect(sys.argv[-1], isolation_level=None, timeout=10)
     params = dict(job=job, period=period, owner="bare", kind="every", schedule="day",
                   tz="UTC", lag=0, max_attempts=3, stale_after=300.0, rerun=0, reason=None,
+                  shards=1, command_hash=None,
                   period_start="2026-01-01 00:00:00.000000",
                   period_end="2026-01-02 00:00:00.000000")
     conn.execute("BEGIN IMMEDIATE")
-    (fence,) = conn.execute(SQL[0], params).fetchone()
+    fence = conn.execute(SQL[0], params).fetchone()[0]
     row = conn.execute(SQL[1], dict(params, fence=fence)).fetchone()
     if row is None:
         conn.execute(SQL[2], params).fetchone()
@@ -58,7 +59,7 @@ PG_BODY = """import datetime
     conn = psycopg.connect(sys.argv[-1], autocommit=True, prepare_threshold=None)
     conn.execute(SQL, dict(job=job, period=period, owner="bare", kind="every",
                  schedule="day", tz="UTC", lag=0, max_attempts=3, stale_after=300.0,
-                 rerun=False, reason=None, period_start=start,
+                 rerun=False, reason=None, shards=1, command_hash=None, period_start=start,
                  period_end=start + datetime.timedelta(days=1))).fetchone()"""
 
 
@@ -114,6 +115,29 @@ def compare(name: str, url: str, bare: Path, bare_arg: str, goal: float) -> None
           f"ratio {o50 / b50:5.2f}")
 
 
+CATCHUP_PERIODS = int(os.environ.get("BENCH_CATCHUP_PERIODS", "1000"))
+
+
+def catchup_overhead(name: str, url: str) -> None:
+    """once catchup over 1,000 minute periods with `true`, less the children's own cost
+    (the same number of `true` spawned from Python) and less a catch-up with nothing to do."""
+    env = {**os.environ, "ONCE_DATABASE_URL": url}
+    last = f"2026-01-01T{(CATCHUP_PERIODS - 1) // 60:02d}:{(CATCHUP_PERIODS - 1) % 60:02d}"
+    cmd = [ONCE, "catchup", "--job", f"bench-catchup-{time.time_ns()}", "--every", "minute",
+           "--since", "2026-01-01T00:00", "--until", last, "-q", "--", "true"]
+    full = timed(cmd, env)
+    empty = timed(cmd, env)  # the same again: every period is done, nothing runs
+    start = time.perf_counter()
+    for _ in range(CATCHUP_PERIODS):
+        subprocess.run(["true"], check=True)
+    children = time.perf_counter() - start
+    per = (full - empty - children) / CATCHUP_PERIODS
+    verdict = "ok" if per <= 0.005 else "OVER GOAL"
+    print(f"{name:<11} catch-up: {CATCHUP_PERIODS} periods in {full:6.1f} s, children alone "
+          f"{children:5.1f} s: {per * 1000:5.2f} ms per period beyond the child "
+          f"(goal <= 5 ms)  {verdict}")
+
+
 def postgres_url() -> str:
     url = os.environ.get("ONCE_BENCH_POSTGRES_URL")
     if url:
@@ -135,6 +159,8 @@ def main() -> None:
         target = ledger.parse_url(pg)
         compare("postgresql", pg, bare_script("postgresql", directory),
                 target.connect_args["conninfo"], 1.2)
+        catchup_overhead("sqlite", f"sqlite:///{db}")
+        catchup_overhead("postgresql", pg)
         if os.environ.get("BENCH_SKIP_REPORTS") != "1":
             reports(directory, pg)
 

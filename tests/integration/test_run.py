@@ -10,6 +10,7 @@ import pytest
 
 from helpers import ONCE, release_together, run_once
 from ledger_sql import query, scalar
+from once.schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.usefixtures("ledger_url")
 
@@ -252,7 +253,8 @@ def test_tables_are_created_by_24_concurrent_first_uses(once_env: dict[str, str]
 def test_once_schema_creates_and_reports(once_env: dict[str, str], ledger_url: str) -> None:
     result = run_once("schema", env=once_env)
     assert result.returncode == 0, result.stderr
-    assert scalar(ledger_url, "SELECT value FROM once_meta WHERE name='schema_version'") == "1"
+    assert scalar(ledger_url, "SELECT value FROM once_meta WHERE name='schema_version'") == str(
+        SCHEMA_VERSION)
     assert query(ledger_url, "SELECT count(*) FROM once_runs") == [(0,)]
 
 
