@@ -230,10 +230,6 @@ def test_man_renders_without_warnings() -> None:
         assert f"once {name}" in done.stdout
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the README is being written (issue 9); drop this mark once it documents every command",
-)
 def test_readme_mentions_every_command() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     missing = [f"once {name}" for name in visible_commands() if f"once {name}" not in readme]
