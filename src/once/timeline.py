@@ -70,7 +70,7 @@ def draw(s: JobState, cells: list[tuple[Period, str]], tty: bool) -> list[Line]:
     summary = ", ".join(f"{counts[k]} {STATES[k][3]}" for k in LEGEND if counts[k])
     title: Line = [(s.name, "bold"), (f"  {s.schedule_text}, {s.tz}  ", ""),
                    (f"{cells[0][0].key} .. {cells[-1][0].key}", ""),
-                   (f"  ({len(cells)} periods: {summary})", "")]
+                   (f"  ({len(cells)} period{'' if len(cells) == 1 else 's'}: {summary})", "")]
     if s.kind == "every" and s.spec == "day":
         body = _calendar(cells, tty)
     elif s.kind == "every" and (s.spec == "hour" or s.spec.endswith("h")):
