@@ -1,8 +1,9 @@
 """Reports on the ledger: `once status`, `once history`, `once check` and `once metrics`.
 
 Only the reports import SQLAlchemy and rich (`once run` never pays for them). They read the
-ledger with SQLAlchemy Core over the tables of `once.schema`, in one read-only snapshot, and
-never create or change anything.
+ledger with SQLAlchemy Core over the tables of `once.schema`, in one snapshot, and change
+nothing (except that a ledger whose schema is older than this once's is upgraded first, as
+the next `once run` would do; an absent ledger is reported empty, never created).
 
 What the reports call a job's periods, for a job with lag L and a check with --grace G:
 
@@ -15,11 +16,21 @@ What the reports call a job's periods, for a job with lag L and a check with --g
 * failed: a failed row; failed-out: a failed row with no attempts left (its attempt has reached
   the --max-attempts of the job's latest run).
 
+With --shards N, every period should have N rows (KEY#0 ... KEY#N-1) and each shard without
+one is a missing unit of its own.
+
 Scale: the number of due periods is counted arithmetically (once.gaps) and compared with one
-COUNT over the primary-key range per job (index once_runs_job_status_start); only a job whose
-count shows a gap has its gaps located (a window query over that job's rows) and walked, and
-only the first few missing keys are listed. So `once status` and `once check` read O(jobs)
-index ranges and walk O(listed) periods, not every period of every job.
+COUNT of done rows over an index range per job (index once_runs_job_status_start); only a job
+whose count shows a gap has its gaps located, by counting ever smaller stretches (_GapFinder:
+about log8(periods) round trips per gap; the stretch after a job's latest row costs none), and
+only the first few missing keys and the last one are walked. So `once status` and `once check`
+read O(jobs) index ranges and walk O(listed) periods, not every period of every job. A cron
+schedule has no closed-form count: its gaps are the stretches between its done rows (a window
+query over the job's done rows, in index order), walked up to WALK_LIMIT.
+
+Known limit: the counts assume the job's rows follow its current schedule. After a change of
+--every/--cron/--tz/--shards, rows of the old schedule inside the due range can hide or invent
+missing periods.
 
 `once check` lines, one per finding on stdout, most severe first (stable; scripts may parse
 them: the first three fields never contain spaces):
@@ -28,7 +39,7 @@ them: the first three fields never contain spaces):
     CRITICAL <job> <first>..<last> missing (<n> more periods)
     CRITICAL <job> <period> failed (attempt <a> of <max>, exit <code>)
     CRITICAL <job> <period> failed-out (attempt <a> of <max>, exit <code>, no attempts left)
-    CRITICAL <job> <period> stale (owner <owner>, attempt <a>, heartbeat <age> ago, ...)
+    CRITICAL <job> <period> stale (owner <o>, attempt <a>, heartbeat <age> ago, stale after <d>)
     WARNING <job> <period> stale (...)                 (the period is not due yet)
     CRITICAL <job> - unknown (no run of this job in the ledger)
     OK <n> jobs: every due period done                 (only when there is no finding)
