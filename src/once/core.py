@@ -247,7 +247,11 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
     if state_error:
         say(f"{what}: {state_error}; recorded failed", settings, event="bad-state")
     status = "done" if outcome.succeeded and not state_error else "failed"
-    result: str = outcome.kind if outcome.interrupted_by is None else "interrupted"
+    # The history's outcome says more than the status where there is more to say.
+    result: str = {"timed-out": "timed-out", "exec-failed": "exec-failed"}.get(
+        outcome.kind, status)
+    if outcome.interrupted_by is not None:
+        result = "interrupted"
     if state_error:
         result = "bad-state"
     recorded = _finish(ledger, job, key, claim, status, outcome.status, result, lease,
