@@ -65,7 +65,6 @@ runs = Table(
     Column("heartbeat_at", UtcTime, nullable=False),
     Column("finished_at", UtcTime, nullable=True),
     Column("exit_code", Integer, nullable=True),
-    Index("once_runs_job_status", "job", "status"),
     # Reports count each job's done rows in its due range, and find its latest done period,
     # from this index alone (once status / once check over 1M rows).
     Index("once_runs_job_status_start", "job", "status", "period_start"),
