@@ -92,8 +92,9 @@ class Lease:
                 self.last_error = str(exc)
                 return False
         if ours:
+            if not self.expired:  # an answer that came too late does not undo a step-down
+                self.last_error = ""
             self.deadline = max(self.deadline, sent + self.stale_after)
-            self.last_error = ""
         else:
             self.lost = True
         return ours
@@ -151,7 +152,8 @@ def run(
     # Handlers go in before the fork: a signal that arrives while the guard starts is
     # forwarded, not lost (nor fatal to a wrapper whose guard would then kill the command).
     with supervisor.signals():
-        guard, report = _spawn_guard(list(command), env, tty, supervisor.ignored)
+        guard, report = _spawn_guard(list(command), env, tty, supervisor.ignored,
+                                     supervisor.watch())
         if on_start is not None:
             on_start()
         try:
@@ -186,6 +188,17 @@ class _Supervisor:
         self.stop_heartbeat = threading.Event()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
+        # The guard keeps its own copy of the lease's deadline, renewed through this pipe,
+        # and stops the command itself when it passes: a stopped or wedged wrapper cannot.
+        self.deadline_r, self.deadline_w = os.pipe() if lease is not None else (-1, -1)
+        if lease is not None:
+            os.set_blocking(self.deadline_w, False)
+
+    def watch(self) -> tuple[int, float, float] | None:
+        """What the guard needs to step down on its own: (pipe, deadline, --kill-after)."""
+        if self.lease is None:
+            return None
+        return self.deadline_r, self.lease.deadline, self.kill_after
 
     @contextmanager
     def signals(self) -> Iterator[None]:
@@ -202,6 +215,9 @@ class _Supervisor:
                 signal.signal(sig, handler)
             os.close(self.wake_r)
             os.close(self.wake_w)
+            for fd in (self.deadline_r, self.deadline_w):
+                if fd >= 0:
+                    os.close(fd)
 
     def wait(self, guard: int, report: int) -> Outcome:
         self.guard, self.report = guard, report
@@ -237,6 +253,9 @@ class _Supervisor:
             if self.stop_heartbeat.wait(max(0.0, lease.last_sent + pause - time.monotonic())):
                 return
             ok = lease.renew_once()
+            if ok:
+                with suppress(OSError):  # the guard is gone (or its pipe full: it is awake)
+                    os.write(self.deadline_w, f"{lease.deadline!r}\n".encode())
             if lease.lost or lease.expired:
                 self._wake(b"h")
                 return
@@ -258,7 +277,8 @@ class _Supervisor:
                 chunks += data
                 if not data:  # the guard is gone: its report, if any, is complete
                     self._reap(block=True)
-                    if self.why is not None or self.forwarded is not None:
+                    if (self.why is not None or self.forwarded is not None
+                            or chunks.startswith(b"lapsed ")):
                         # We were stopping the command and it has ended: nothing it started
                         # may carry on (a shell's child that ignores SIGTERM, say).
                         self._killpg(signal.SIGKILL)
@@ -327,7 +347,12 @@ class _Supervisor:
         return "signal 9"
 
     def _outcome(self, report: str) -> Outcome:
-        word, _, value = report.strip().partition(" ")
+        lapsed = report.startswith("lapsed ")  # the guard stepped down at the deadline
+        if lapsed and self.why is None:
+            self.why = "fenced-out"
+            if self.lease is not None:
+                self.lease.step_down_reason()
+        word, _, value = report.removeprefix("lapsed ").strip().partition(" ")
         number = int(value) if value.lstrip("-").isdigit() else 1
         if word == "guard":
             return Outcome("exec-failed", 126, message="once's guard process failed")
@@ -364,7 +389,8 @@ def _take_terminal(tty: int, pgrp: int) -> None:
 
 
 def _spawn_guard(command: list[str], env: dict[str, str], tty: int | None,
-                 ignored: frozenset[int] = frozenset()) -> tuple[int, int]:
+                 ignored: frozenset[int] = frozenset(),
+                 watch: tuple[int, float, float] | None = None) -> tuple[int, int]:
     """Fork the guard (before any thread starts); return its pid and its report pipe."""
     report_r, report_w = os.pipe()
     wrapper = os.getpid()
@@ -373,7 +399,7 @@ def _spawn_guard(command: list[str], env: dict[str, str], tty: int | None,
         code = 70
         try:
             os.close(report_r)
-            code = _guard(command, env, tty, wrapper, report_w, ignored)
+            code = _guard(command, env, tty, wrapper, report_w, ignored, watch)
         finally:
             os._exit(code)
     os.close(report_w)
@@ -384,7 +410,8 @@ def _spawn_guard(command: list[str], env: dict[str, str], tty: int | None,
 
 
 def _guard(command: list[str], env: dict[str, str], tty: int | None, wrapper: int,
-           report: int, ignored: frozenset[int] = frozenset()) -> int:
+           report: int, ignored: frozenset[int] = frozenset(),
+           watch: tuple[int, float, float] | None = None) -> int:
     import subprocess
 
     signal.set_wakeup_fd(-1)  # the wrapper's, inherited across the fork
@@ -405,12 +432,55 @@ def _guard(command: list[str], env: dict[str, str], tty: int | None, wrapper: in
     except OSError as exc:
         os.write(report, f"exec {exc.errno or errno.ENOEXEC}\n".encode())
         return 0
-    status = os.waitpid(child.pid, 0)[1]
+    status, lapsed = _wait(child.pid, watch, report)
+    prefix = "lapsed " if lapsed else ""
     if os.WIFSIGNALED(status):
-        os.write(report, f"signal {os.WTERMSIG(status)}\n".encode())
+        os.write(report, f"{prefix}signal {os.WTERMSIG(status)}\n".encode())
     else:
-        os.write(report, f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+        os.write(report, f"{prefix}exit {os.waitstatus_to_exitcode(status)}\n".encode())
+    if lapsed:  # stepped down: nothing the command started may carry on
+        os.killpg(0, signal.SIGKILL)
     return 0
+
+
+def _wait(pid: int, watch: tuple[int, float, float] | None, report: int) -> tuple[int, bool]:
+    """The command's wait status, and whether the lease's deadline passed while it ran.
+
+    With a watch (the deadline pipe, the deadline, --kill-after) the guard steps down on its
+    own when the deadline passes unrenewed, as the wrapper does: SIGTERM to the group (the
+    guard ignores it), SIGKILL after --kill-after. A wrapper that is stopped (SIGSTOP, a
+    debugger) or wedged cannot, and its command must not finish after a takeover.
+    """
+    try:
+        pidfd = os.pidfd_open(pid) if watch is not None else -1
+    except OSError:  # no pidfd (Linux before 5.3): the wrapper alone watches the deadline
+        pidfd = -1
+    if watch is None or pidfd < 0:
+        return os.waitpid(pid, 0)[1], False
+    fd, deadline, kill_after = watch
+    kill_at: float | None = None
+    pending = b""
+    while True:
+        wake = deadline if kill_at is None else kill_at
+        watched = [pidfd, fd] if fd >= 0 else [pidfd]
+        readable, _, _ = select.select(watched, [], [], max(0.0, wake - time.monotonic()))
+        if pidfd in readable:
+            return os.waitpid(pid, 0)[1], kill_at is not None
+        if fd in readable:
+            data = os.read(fd, 4096)
+            if not data:
+                fd = -1  # the wrapper is gone: its death signal takes care of us
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            if lines and kill_at is None:
+                deadline = max(deadline, float(lines[-1]))
+        now = time.monotonic()
+        if kill_at is None and now >= deadline:
+            os.killpg(0, signal.SIGTERM)
+            kill_at = now + kill_after
+        elif kill_at is not None and now >= kill_at:
+            os.write(report, b"lapsed signal 9\n")
+            os.killpg(0, signal.SIGKILL)  # the command, its children, and this guard
 
 
 def _ignore(_signum: int, _frame: object) -> None:
