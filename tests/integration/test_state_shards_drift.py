@@ -409,7 +409,7 @@ def test_a_sharded_run_takes_the_lowest_shard_it_can(env: dict[str, str]) -> Non
 
 def test_a_killed_shard_owner_is_taken_over(env: dict[str, str], tmp_path: Path,
                                             ledger_url: str) -> None:
-    stale = 4.0
+    stale = 6.0
     args = ["run", "--job", "split", *DAY, "--shards", "2", "--stale-after", f"{stale:g}s",
             "--"]
     owner = start_once(*args, "sh", "-c", 'echo $$ > "$DIR/pids"; echo "$ONCE_SHARD" '
@@ -550,17 +550,23 @@ def _check(env: dict[str, str], job: str) -> subprocess.CompletedProcess[str]:
     return run_once("check", job, env=env)
 
 
-@pytest.mark.xfail(strict=False, reason="report.py does not know shards yet")
-def test_check_reports_a_missing_shard_as_a_missing_period(env: dict[str, str]) -> None:
+def test_check_reports_a_missing_shard_as_a_missing_period(env: dict[str, str],
+                                                           ledger_url: str) -> None:
     stable_day()
-    # Yesterday (due: it has ended) has shard 0 of 2 done; shard 1 was never run.
-    assert run(env, "split", "--shards", "2", "--lag", "1", command=["true"]).returncode == 0
-    partial = _check(env, "split")
-    assert partial.returncode == 2, partial.stdout + partial.stderr
-    assert "missing" in partial.stdout and day_key(1) in partial.stdout
-    assert run(env, "split", "--shards", "2", "--lag", "1", command=["true"]).returncode == 0
+    # Two days back and yesterday, both due (lag 0: each has ended), every shard done.
+    result = run_once("catchup", "--job", "split", *DAY, "--shards", "2", "--since",
+                      day_key(2), "--until", day_key(1), "--", "true", env=env)
+    assert result.returncode == 0, result.stderr
     whole = _check(env, "split")
     assert whole.returncode == 0, whole.stdout + whole.stderr
+    # Shard 1 of two days back was never run.
+    query(ledger_url, f"DELETE FROM once_runs WHERE period = '{day_key(2)}#1'")
+    partial = _check(env, "split")
+    assert partial.returncode == 2, partial.stdout + partial.stderr
+    assert "missing" in partial.stdout and day_key(2) in partial.stdout, partial.stdout
+    status = run_once("status", "split", "--json", env=env)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)[0]["missing"] == 1
 
 
 # -- command drift ---------------------------------------------------------------------------
