@@ -1,0 +1,159 @@
+"""`make torture`: fault injection against real `once` processes and real databases.
+
+Runs, on SQLite, PostgreSQL and MariaDB (one after the other, each in fresh databases that it
+creates and drops):
+
+1. contention: K periods x N processes released at one instant (`once run --lag` on a
+   ledger without tables; `once catchup --since/--until` over K periods);
+2. owner faults: a storm of cron-like re-fires while wrappers running real commands are
+   killed (SIGKILL), stopped past --stale-after and continued (SIGSTOP, SIGCONT) and
+   terminated (SIGTERM);
+3. database faults: the embedded PostgreSQL server stopped and restarted mid-run;
+   connections killed server-side (pg_terminate_backend, MariaDB KILL CONNECTION); SQLite's
+   write lock held by an outsider; MariaDB duplicate-key deadlocks (three sessions);
+4. clocks: wrappers whose wall clock runs 10 minutes fast (libfaketime) or an owner 10
+   minutes slow; ledger sessions in far-apart time zones;
+5. bad input: hypothesis-generated argument vectors for run, catchup and periods.
+
+Each backend gets a table:
+
+    scenario   what was done
+    tried      how many times the scenario's fault or trial was made: a period contended, a
+               wrapper killed / stopped / terminated, a server restart, a round of connection
+               kills, a deadlock round, a skewed-clock round, an argument vector...
+    held       how many of those left every invariant standing
+    lost       how many broke one: a period run twice (by the commands' own log of finished
+               work), a period without a winner or never done, a command that finished
+               after its period was taken over, a command that outlived its owner, a takeover
+               before --stale-after by the database's clock, a traceback, a wrong exit status,
+               a command run for bad input
+    notes      counts that explain the figures (exit statuses, takeovers, deadlock victims)
+
+A row marked n/a does not apply to the backend (tried 0). Exits 1 when anything was lost,
+0 otherwise. Details of every loss follow the tables.
+
+Environment: TORTURE_SCALE (default 1.0) scales every count; TORTURE_BACKENDS (default
+sqlite,postgresql,mariadb); TORTURE_POSTGRES_URL (default: an embedded server of the
+torture's own, which it may stop and restart); TORTURE_MARIADB_URL (default
+mariadb://root@127.0.0.1:3306/test); TORTURE_SCENARIOS (default
+contention,owner,database,clocks,input); TORTURE_SEED; TORTURE_KEEP=1 keeps the work
+directory (logs of every process) even when nothing was lost.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import badinput
+import clocks
+import contention
+import faults
+from common import Backend, Config, Row, make_backend, remove_tree
+
+SCENARIOS: dict[str, Callable[[Config, Backend, Path], list[Row]]] = {
+    "contention": contention.run,
+    "owner": faults.owner_faults,
+    "database": faults.database_faults,
+    "clocks": clocks.run,
+    "input": badinput.run,
+}
+
+
+def main() -> int:
+    scale = float(os.environ.get("TORTURE_SCALE", "1.0"))
+    seed = int(os.environ.get("TORTURE_SEED", str(random.randrange(1, 10**6))))
+    names = [b.strip() for b in os.environ.get(
+        "TORTURE_BACKENDS", "sqlite,postgresql,mariadb").split(",") if b.strip()]
+    wanted = [s.strip() for s in os.environ.get(
+        "TORTURE_SCENARIOS", ",".join(SCENARIOS)).split(",") if s.strip()]
+    unknown = [n for n in names if n not in ("sqlite", "postgresql", "mariadb")] + [
+        s for s in wanted if s not in SCENARIOS]
+    if unknown:
+        print(f"torture: unknown backend or scenario {unknown[0]!r}", file=sys.stderr)
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix="once-torture-"))
+    config = Config(scale=scale, seed=seed, workdir=workdir,
+                    postgres_url=os.environ.get("TORTURE_POSTGRES_URL") or None,
+                    mariadb_url=os.environ.get("TORTURE_MARIADB_URL",
+                                               "mariadb://root@127.0.0.1:3306/test"),
+                    backends=names)
+    began = time.monotonic()
+    print(f"once torture: scale {scale:g}, seed {seed}, backends {', '.join(names)}, "
+          f"{os.cpu_count()} cores, {platform.python_version()}, work in {workdir}",
+          flush=True)
+    tables: list[tuple[str, list[Row], float]] = []
+    for name in names:
+        backend = make_backend(name, config)
+        rows: list[Row] = []
+        started = time.monotonic()
+        try:
+            backend.start()
+            for scenario in wanted:
+                t0 = time.monotonic()
+                try:
+                    found = SCENARIOS[scenario](config, backend,
+                                                workdir / name / scenario)
+                except Exception:
+                    crashed = Row(f"{scenario}: the torture itself failed")
+                    crashed.fail(traceback.format_exc())
+                    found = [crashed]
+                rows += found
+                print(f"  {backend.describe()}: {scenario} done in "
+                      f"{time.monotonic() - t0:.0f}s "
+                      f"({sum(r.lost for r in found)} lost)", flush=True)
+        except Exception:
+            crashed = Row(f"{name}: the backend could not be set up")
+            crashed.fail(traceback.format_exc())
+            rows.append(crashed)
+        finally:
+            backend.drop_all()
+            backend.stop()
+        tables.append((backend.describe(), rows, time.monotonic() - started))
+    lost = sum(r.lost for _, rows, _ in tables for r in rows)
+    print()
+    print(f"once torture, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, scale {scale:g}, seed {seed},"
+          f" {os.cpu_count()} cores, {time.monotonic() - began:.0f}s")
+    for title, rows, took in tables:
+        print()
+        print(render(f"{title} ({took:.0f}s)", rows))
+    failures = [(title, r) for title, rows, _ in tables for r in rows if r.failures]
+    if failures:
+        print("\nLosses:")
+        for title, r in failures:
+            for what in r.failures[:20]:
+                print(f"- {title} / {r.scenario}: {what}")
+            if len(r.failures) > 20:
+                print(f"- {title} / {r.scenario}: ... {len(r.failures) - 20} more")
+    if lost or os.environ.get("TORTURE_KEEP"):
+        print(f"\nlogs kept in {workdir}")
+    else:
+        remove_tree(workdir)
+    print(f"\n{'FAILED' if lost else 'PASSED'}: {lost} lost")
+    return 1 if lost else 0
+
+
+def render(title: str, rows: list[Row]) -> str:
+    """A Markdown table (readable as text, pasteable into the README)."""
+    lines = [f"**{title}**", "", "| scenario | tried | held | lost | notes |",
+             "| --- | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        tried = str(r.tried) if r.tried or not r.notes or not r.notes[0].startswith("n/a") \
+            else "n/a"
+        notes = "; ".join(r.notes).replace("|", "/")
+        lines.append(f"| {r.scenario} | {tried} | {r.held} | {r.lost} | {notes} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
