@@ -7,6 +7,7 @@ let it pass, with bounds generous enough for a loaded two-core machine.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -359,6 +360,8 @@ class PrivatePostgres:
         from conftest import start_embedded_postgres
 
         self.root = Path(tempfile.mkdtemp(prefix="once-pg-outage-"))
+        # Registered first, so it runs last: after the package has deleted the data directory.
+        atexit.register(shutil.rmtree, self.root, ignore_errors=True)
         self.url = start_embedded_postgres(str(self.root))
         self.data = self.root / "data"
         self.up = True
@@ -385,8 +388,10 @@ class PrivatePostgres:
 def private_pg() -> Iterator[PrivatePostgres]:
     server = PrivatePostgres()
     yield server
-    if not server.up:  # leave it running: the embedded package stops and deletes it at exit
-        server.start()
+    # Stop it here: the embedded package stops only the postmaster it started (a restarted
+    # server has another pid) before it deletes the directory at exit.
+    if server.up:
+        server.stop()
 
 
 @pytest.fixture
