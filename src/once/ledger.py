@@ -740,21 +740,21 @@ class PostgresLedger(Ledger):
         )
 
     def _claim(self, params: dict[str, Any]) -> Claim:
-        row = self._conn.execute(self.CLAIM, params).fetchone()
+        row = self._execute(self.CLAIM, params).fetchone()
         if row is None:  # the row was inserted by a claimer our snapshot cannot see yet
             return Claim(False, 0, 0, "running", "another process", 0.0)
         won, attempt, fence, status, owner, age, state, version = row
         return Claim(won, attempt, fence, status, owner, age, state, version)
 
     def _renew(self, params: dict[str, Any]) -> bool:
-        return bool(self._conn.execute(self.RENEW, params).rowcount == 1)
+        return bool(self._execute(self.RENEW, params).rowcount == 1)
 
     def _finish(self, params: dict[str, Any]) -> bool:
-        (count,) = self._conn.execute(self.FINISH, params).fetchone()
+        (count,) = self._execute(self.FINISH, params).fetchone()
         return bool(count == 1)
 
     def _finish_with_state(self, params: dict[str, Any]) -> bool:
-        (count,) = self._conn.execute(self.FINISH_STATE, params).fetchone()
+        (count,) = self._execute(self.FINISH_STATE, params).fetchone()
         return bool(count == 1)
 
     def _finish_on(self, connection: Any, params: dict[str, Any]) -> bool:
@@ -762,7 +762,7 @@ class PostgresLedger(Ledger):
         return bool(count == 1)
 
     def _set_state(self, params: dict[str, Any]) -> int:
-        row = self._conn.execute(self.SET_STATE, params).fetchone()
+        row = self._execute(self.SET_STATE, params).fetchone()
         if row is None:
             raise LedgerError(f"unknown job {params['job']!r}: it has never run")
         return int(row[0])
@@ -770,8 +770,24 @@ class PostgresLedger(Ledger):
     def _is_schema_error(self, exc: Exception) -> bool:
         return getattr(exc, "sqlstate", None) in ("42P01", "42703")  # undefined table/column
 
+    def _execute(self, sql: str, params: dict[str, Any]) -> Any:
+        """Execute under a watchdog. psycopg has no client-side statement timeout, and a
+        server-side one needs session state that PgBouncer does not keep; a server that stops
+        answering (stopped, hung, a partition that still ACKs) would hold us for ever. Past
+        the watchdog's time the socket is shut down, which fails the statement."""
+        import threading
+
+        watchdog = threading.Timer(max(5.0, 2 * self.statement_timeout), _shut_down,
+                                   (self._conn.pgconn.socket,))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            return self._conn.execute(sql, params)
+        finally:
+            watchdog.cancel()
+
     def _fetch(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        return [tuple(r) for r in self._conn.execute(sql, params).fetchall()]
+        return [tuple(r) for r in self._execute(sql, params).fetchall()]
 
 
 # -- MySQL and MariaDB -------------------------------------------------------------------------
@@ -998,6 +1014,16 @@ class MysqlLedger(Ledger):
 
     def _is_schema_error(self, exc: Exception) -> bool:
         return _mysql_code(exc) in (1146, 1054)  # no such table, unknown column
+
+
+def _shut_down(fd: int) -> None:
+    """Shut a connection's socket down under its driver: the pending read fails at once."""
+    import socket
+
+    with suppress(OSError):
+        sock = socket.socket(fileno=os.dup(fd))
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
 
 
 def _named(sql: str) -> str:
