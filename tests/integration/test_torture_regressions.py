@@ -52,7 +52,7 @@ def test_a_stopped_owners_command_is_stopped_by_its_deadline(once_env: dict[str,
         assert not list(tmp_path.glob("finished-*")), "the fenced-out command finished"
     finally:
         os.kill(owner.pid, signal.SIGCONT)
-    out, err = owner.communicate(timeout=30)
+    _out, err = owner.communicate(timeout=30)
     assert owner.returncode == 70, err
     assert "fenced out" in err
     assert "Traceback" not in err
