@@ -376,7 +376,7 @@ def missing_periods(ledger: Ledger, job: Job, schedule: Schedule, since: Period 
         since = schedule.containing(last)
         if job.shards == 1 or done(since, ledger.statuses(job.name, since.start, since.end)):
             since = schedule.next(since)
-    if since.start > until.start:
+    if since.start.astimezone(UTC) > until.start.astimezone(UTC):  # fold-safe
         return []
     known = ledger.statuses(job.name, since.start, until.end)
     return [p for p in schedule.between(since, until) if not done(p, known)]
