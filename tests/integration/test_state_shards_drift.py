@@ -80,7 +80,7 @@ def stable_day() -> None:
     midnight UTC: wait it out when it is seconds away."""
     now = datetime.now(UTC)
     left = (now.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)) - now
-    if left < timedelta(seconds=60):
+    if left < timedelta(seconds=120):
         time.sleep(left.total_seconds() + 1)
 
 
@@ -375,9 +375,8 @@ def test_state_set_refuses_what_a_watermark_cannot_hold(env: dict[str, str],
     big = run_once("state", "sync", "--set", "x" * (64 * 1024 + 1), env=env)
     assert big.returncode == 2 and "64 KiB" in once_line(big.stderr)
     # Bytes that are not UTF-8 reach Python as surrogate escapes.
-    env_bytes = {k: v for k, v in env.items()}
     bad = subprocess.run([os.fsencode(ONCE), b"state", b"sync", b"--set", b"\xff\xfe"],
-                         env=env_bytes, capture_output=True, timeout=60)
+                         env=env, capture_output=True, timeout=60)
     assert bad.returncode == 2, bad.stderr
     assert "UTF-8" in once_line(bad.stderr.decode(errors="replace"))
     assert stored_state(ledger_url, "sync") == ("1", 1)
@@ -409,6 +408,7 @@ def test_a_sharded_run_takes_the_lowest_shard_it_can(env: dict[str, str]) -> Non
 
 def test_a_killed_shard_owner_is_taken_over(env: dict[str, str], tmp_path: Path,
                                             ledger_url: str) -> None:
+    stable_day()
     stale = 6.0
     args = ["run", "--job", "split", *DAY, "--shards", "2", "--stale-after", f"{stale:g}s",
             "--"]
