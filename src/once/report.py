@@ -1151,7 +1151,7 @@ def _render_history(job: str, tz: str, entries: list[dict[str, Any]]) -> None:
         _print(plain_table(headers, rows))
 
 
-# Outcomes that say no more than the status itself (the runner records `exited`).
+# Outcomes that say no more than the status itself (older ledgers stored `exited`).
 _PLAIN_OUTCOMES = (None, "exited", "done", "failed")
 
 

@@ -446,7 +446,7 @@ def test_history_period_filter_and_takeover(once_env: dict[str, str], ledger_url
                   "--until", day(-1), "--", "true")
     assert result.returncode == 0, result.stderr
     entries = json.loads(once(once_env, "history", "j", "--period", day(-1), "--json").stdout)
-    assert [(e["attempt"], e["outcome"]) for e in entries][1] == (1, "exited")
+    assert [(e["attempt"], e["outcome"]) for e in entries][1] == (1, "done")
     assert entries[0]["attempt"] == 2 and entries[0]["status"] == "done"
     assert {e["period"] for e in entries} == {day(-1)}
 
