@@ -300,7 +300,7 @@ def _finish(ledger: Ledger, job: Job, key: str, claim: Claim, status: str,
         except LedgerError as exc:
             lease.last_error = str(exc)
             ledger.close()
-            if lease.expired:
+            if lease.expired or not exc.transient:  # a refused statement stays refused
                 return None
         time.sleep(min(1.0, max(0.0, lease.deadline - time.monotonic())))
 

@@ -40,7 +40,13 @@ class UrlError(ValueError):
 
 
 class LedgerError(Exception):
-    """The ledger could not be reached, or answered with an error (exit 75)."""
+    """The ledger could not be reached, or answered with an error (exit 75).
+
+    `transient`: the connection failed (worth a retry on a fresh one); otherwise the database
+    refused the statement itself, and the same statement would be refused again.
+    """
+
+    transient = True
 
 
 class SchemaMissing(LedgerError):
@@ -427,7 +433,15 @@ class Ledger:
             raise
         except Exception as exc:
             where = self.target.redacted
-            raise LedgerError(f"{doing} the ledger {where}: {describe(exc)}") from exc
+            error = LedgerError(f"{doing} the ledger {where}: {describe(exc)}")
+            # DB-API: OperationalError and InterfaceError are the connection's; DataError,
+            # IntegrityError, ProgrammingError and friends are the statement's.
+            error.transient = isinstance(exc, OSError) or any(
+                cls.__name__ in _TRANSIENT for cls in type(exc).__mro__)
+            raise error from exc
+
+
+_TRANSIENT = {"OperationalError", "InterfaceError", "ConnectionTimeout", "TimeoutError"}
 
 
 def describe(exc: BaseException) -> str:
