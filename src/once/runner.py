@@ -25,6 +25,7 @@ import errno
 import os
 import select
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -412,8 +413,6 @@ def _spawn_guard(command: list[str], env: dict[str, str], tty: int | None,
 def _guard(command: list[str], env: dict[str, str], tty: int | None, wrapper: int,
            report: int, ignored: frozenset[int] = frozenset(),
            watch: tuple[int, float, float] | None = None) -> int:
-    import subprocess
-
     signal.set_wakeup_fd(-1)  # the wrapper's, inherited across the fork
     os.setpgid(0, 0)
     signal.signal(signal.SIGUSR1, _wrapper_died)
@@ -491,11 +490,20 @@ def _wrapper_died(_signum: int, _frame: object) -> None:
     os.killpg(0, signal.SIGKILL)  # the command, its children, and this guard
 
 
-def _set_parent_death_signal(sig: int) -> None:
+def _load_prctl() -> Callable[..., int] | None:
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux: no parent-death signal
-        pass
+        return None
+
+
+# Loaded here, in the wrapper, once: every guard is a fork of it and needs them at once, and a
+# catch-up forks a guard per period (importing them in each guard cost milliseconds each).
+_PRCTL = _load_prctl()
+
+
+def _set_parent_death_signal(sig: int) -> None:
+    if _PRCTL is not None:  # None: not Linux, no parent-death signal
+        _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
