@@ -229,7 +229,7 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
 
     lease = runner.Lease(renew, job.stale_after, sent)
     env = child_env(job, period, claim, shard)
-    with StateFile(claim.state if settings.state else None) as state:
+    with StateFile(settings.state) as state:
         if settings.state:
             env.update({"ONCE_STATE": claim.state or "", "ONCE_STATE_OUT": state.path})
         on_start = settings.notifier.started if settings.notifier is not None else None
@@ -310,27 +310,31 @@ class StateFile:
     watermark. No file means no change; one trailing newline is dropped; at most 64 KiB of
     UTF-8, else the run fails."""
 
-    def __init__(self, current: str | None) -> None:
-        self.current = current
+    def __init__(self, wanted: bool) -> None:
+        self.wanted = wanted  # without --state: no directory, and read() finds nothing
         self.directory = ""
         self.path = ""
 
     def __enter__(self) -> StateFile:
-        import tempfile
+        if self.wanted:
+            import tempfile
 
-        self.directory = tempfile.mkdtemp(prefix="once-state-")
-        self.path = os.path.join(self.directory, "state")
+            self.directory = tempfile.mkdtemp(prefix="once-state-")
+            self.path = os.path.join(self.directory, "state")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import shutil
+        if self.directory:
+            import shutil
 
-        shutil.rmtree(self.directory, ignore_errors=True)
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def read(self) -> tuple[str | None, str]:
         """(the new watermark or None for no change, an error message or '')."""
         from once.ledger import STATE_LIMIT
 
+        if not self.wanted:
+            return None, ""
         try:
             with open(self.path, "rb") as handle:
                 data = handle.read(STATE_LIMIT + 2)

@@ -187,6 +187,7 @@ class _Supervisor:
         self.ignored = frozenset(sig for sig in FORWARDED
                                  if signal.getsignal(sig) == signal.SIG_IGN)
         self.stop_heartbeat = threading.Event()
+        self.beat = threading.Thread()  # replaced in wait()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         # The guard keeps its own copy of the lease's deadline, renewed through this pipe,
@@ -223,13 +224,14 @@ class _Supervisor:
     def wait(self, guard: int, report: int) -> Outcome:
         self.guard, self.report = guard, report
         self.timeout_at = time.monotonic() + self.timeout if self.timeout else None
-        beat = threading.Thread(target=self._heartbeat, daemon=True)
-        if self.lease is not None:
-            beat.start()
+        # The heartbeat thread starts when the first renewal is due: a command that ends
+        # sooner (most of a catch-up's) never needs it.
+        self.beat = threading.Thread(target=self._heartbeat, daemon=True)
         try:
             text = self._loop()
         finally:
             self.stop_heartbeat.set()
+        beat = self.beat
         if beat.is_alive():
             # A renewal in flight normally returns at once; one stuck in a hung server is
             # left behind (the final write waits for the lease's lock, up to the deadline).
@@ -290,6 +292,8 @@ class _Supervisor:
         times = [t for t in (self.timeout_at, self.kill_at) if t is not None]
         if self.lease is not None and self.why is None:
             times.append(self.lease.deadline)
+            if self.beat.ident is None:
+                times.append(self.lease.last_sent + self.lease.interval)
         return max(0.0, min(times) - now) if times else 3600.0
 
     def _act(self) -> None:
@@ -301,6 +305,9 @@ class _Supervisor:
             self.forwarded = sig
             self._stop(sig)
         lease = self.lease
+        if (lease is not None and self.beat.ident is None
+                and now >= lease.last_sent + lease.interval):
+            self.beat.start()
         if lease is not None and self.why is None and (lease.lost or lease.expired):
             self.why = "fenced-out"
             lease.step_down_reason()
