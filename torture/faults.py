@@ -46,15 +46,20 @@ def owner_faults(config: Config, backend: Backend, outdir: Path) -> list[Row]:
                   })
 
 
+def _db_spec(job: str, config: Config) -> Spec:
+    """Fewer wrappers at a time, longer work: the storm lasts long enough for many faults."""
+    return Spec(job=job, periods=config.count(40, 6), work=(1.0, 8.0), max_live=10,
+                limit=config.span(300, 150))
+
+
 def database_faults(config: Config, backend: Backend, outdir: Path) -> list[Row]:
     rows: list[Row] = []
     rng = random.Random(config.rng.random())
     if backend.name == "postgresql":
         if backend.can_restart:
-            spec = Spec(job="restarts", periods=config.count(30, 5),
-                        limit=config.span(300, 150))
+            spec = _db_spec("restarts", config)
             rows += _storm(config, backend, outdir / "restarts", spec,
-                           ServerRestarts(rng, (4.0, 8.0), (0.5, 6.0)),
+                           ServerRestarts(rng, (3.0, 6.0), (0.5, 6.0)),
                            f"server restarts: {spec.periods} periods converge exactly once",
                            {"server restart": "PostgreSQL stopped mid-run, restarted"})
         else:
@@ -62,7 +67,7 @@ def database_faults(config: Config, backend: Backend, outdir: Path) -> list[Row]
                                        "TORTURE_POSTGRES_URL names an outside server, "
                                        "which the torture never stops"))
     if backend.can_kill_connections:
-        spec = Spec(job="kills", periods=config.count(30, 5), limit=config.span(300, 150))
+        spec = _db_spec("kills", config)
         kill = ("pg_terminate_backend" if backend.name == "postgresql"
                 else "KILL CONNECTION")
         rows += _storm(config, backend, outdir / "kills", spec,
@@ -70,9 +75,9 @@ def database_faults(config: Config, backend: Backend, outdir: Path) -> list[Row]
                        f"connection kills: {spec.periods} periods converge exactly once",
                        {"connections killed": f"connections killed server-side ({kill})"})
     if backend.name == "sqlite":
-        spec = Spec(job="locks", periods=config.count(30, 5), limit=config.span(300, 150))
+        spec = _db_spec("locks", config)
         rows += _storm(config, backend, outdir / "locks", spec,
-                       SqliteLocks(rng, (2.0, 5.0), (0.5, 6.0)),
+                       SqliteLocks(rng, (1.5, 4.0), (0.5, 6.0)),
                        f"write locks: {spec.periods} periods converge exactly once",
                        {"write lock held": "SQLite write lock held by an outsider"})
     if backend.name == "mariadb":

@@ -269,7 +269,8 @@ class Verdict:
                 if isinstance(fence, int):
                     self.claims.setdefault(fence, (proc, []))[1].append(event)
         self.redone: list[str] = []
-        self.problems: dict[str, list[str]] = {}
+        # period -> [(the fence a problem is about, or None for the period's), problem]
+        self.problems: dict[str, list[tuple[int | None, str]]] = {}
         expected = storm.expected()
         for key in expected:
             self.problems[key] = self._period(key)
@@ -281,34 +282,35 @@ class Verdict:
                         and _alive(m.pid)]
         self.tracebacks = [p.name for p in storm.procs if "Traceback" in p.stderr()]
 
-    def _period(self, key: str, needed: bool = True) -> list[str]:
-        problems = []
+    def _period(self, key: str, needed: bool = True) -> list[tuple[int | None, str]]:
+        problems: list[tuple[int | None, str]] = []
         marks = [m for m in self.marks if m.period == key]
         dones = sorted((m for m in marks if m.word == "done"), key=lambda m: m.at)
         starts = Counter(m.fence for m in marks if m.word == "start")
         for fence, n in starts.items():
             if n > 1:
-                problems.append(f"the command of fence {fence} started {n} times")
+                problems.append((fence, f"the command of fence {fence} started {n} times"))
         status, _attempt, fence = self.runs.get(key, ("missing", 0, 0))
         if status != "done":
             if needed or status != "missing":
-                problems.append(f"not converged: {status}")
+                problems.append((None, f"not converged: {status}"))
         elif not any(d.fence == fence for d in dones):
-            problems.append(f"done by fence {fence}, whose command never finished")
+            problems.append((None, f"done by fence {fence}, whose command never finished"))
         attempts = sorted(self.attempts.get(key, []), key=lambda a: a.fence)
         for d in dones:
             later = [a.started_at for a in attempts if a.fence > d.fence]
             if later and d.at > min(later) + TOLERANCE:
-                problems.append(f"fence {d.fence} finished {d.at - min(later):.3f}s after "
-                                f"its period was taken over")
+                problems.append((d.fence, f"fence {d.fence} finished {d.at - min(later):.3f}s "
+                                          f"after its period was taken over"))
         extra = [d for d in dones if d.fence != fence]
         for d in extra:
             cause = self._redo_cause(d.fence)
             if cause:
                 self.redone.append(f"{key} fence {d.fence}: {cause}")
             else:
-                problems.append(f"finished twice: fence {d.fence} finished at {d.at:.3f}, "
-                                f"then fence {fence} ran it again ({self._story(d.fence)})")
+                problems.append((d.fence, f"finished twice: fence {d.fence} finished at "
+                                          f"{d.at:.3f}, then fence {fence} ran it again "
+                                          f"({self._story(d.fence)})"))
         return problems
 
     def overlaps(self) -> list[float]:
@@ -361,8 +363,9 @@ class Verdict:
     def judge_faults(self, rows: dict[str, Row], label: Callable[[str], str]) -> None:
         for fault in self.storm.injector.faults:
             row = rows.setdefault(fault.kind, Row(label(fault.kind)))
-            problems = [f"{key}: {p}" for key in self.touched(fault)
-                        for p in self.problems.get(key, [])]
+            problems = [f"{key}: {text}" for key in self.touched(fault)
+                        for fence, text in self.problems.get(key, [])
+                        if fault.fence is None or fence in (None, fault.fence)]
             what = f"{fault.kind} at {fault.t0:.3f}"
             if fault.detail:
                 what += f" [{fault.detail}]"
@@ -373,7 +376,7 @@ class Verdict:
     def periods_row(self, title: str) -> Row:
         row = Row(title)
         for key, problems in self.problems.items():
-            row.judge(problems, key)
+            row.judge([text for _, text in problems], key)
         if self.orphans:
             for m in self.orphans[:5]:
                 row.fail(f"the command of {m.period} fence {m.fence} (pid {m.pid}) outlived "
@@ -427,6 +430,7 @@ class OwnerFaults(Injector):
         self.rng, self.every, self.margin = rng, every, margin
         self.next = 0.0
         self.resume: list[tuple[float, Proc]] = []
+        self.hits: Counter[str] = Counter()  # faults per period: at most 3, so it converges
 
     def tick(self, storm: Storm, now: float) -> None:
         for when, proc in list(self.resume):
@@ -442,7 +446,7 @@ class OwnerFaults(Injector):
         wall = time.time()
         candidates = []
         for mark in storm.running.values():
-            if mark.at + mark.work - wall > need:
+            if mark.at + mark.work - wall > need and self.hits[mark.period] < 3:
                 owner = storm.owner_of(mark)
                 if owner is not None and not owner.stopped:
                     candidates.append((mark, owner))
@@ -464,6 +468,7 @@ class OwnerFaults(Injector):
                 left = mark.at + mark.work - wall
                 pause, detail = left + self.rng.uniform(0.3, 1.5), "long"
             self.resume.append((now + pause, owner))
+        self.hits[mark.period] += 1
         self.add(Fault(kind, wall, wall, mark.period, mark.fence, detail))
 
     def finish(self, storm: Storm) -> None:

@@ -21,6 +21,8 @@ from once.periods import SpecError
 F = TypeVar("F", bound=Callable[..., Any])
 
 JOB_NAME_MAX = 200
+# --lag is counted out period by period: a bound keeps a typo from spinning for hours.
+LAG_MAX = 100_000
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "ONCE",
            "max_content_width": 100}
@@ -100,7 +102,7 @@ def cli() -> None:
 def liveness_options(func: F) -> F:
     """The options `once run` shares with `once catchup`."""
     options = [
-        click.option("--lag", default=0, show_default=True, type=click.IntRange(min=0),
+        click.option("--lag", default=0, show_default=True, type=click.IntRange(0, LAG_MAX),
                      metavar="N",
                      help="Claim the period N periods before the current one."),
         click.option("--stale-after", default="5m", show_default=True, type=DURATION,
@@ -111,7 +113,7 @@ def liveness_options(func: F) -> F:
         click.option("--timeout", type=DURATION,
                      help="SIGTERM the command when it runs longer; record failed, exit 124."),
         click.option("--max-attempts", default=3, show_default=True,
-                     type=click.IntRange(min=1), metavar="N",
+                     type=click.IntRange(1, 2**31 - 1), metavar="N",
                      help="Retry a failed period until this many attempts have run."),
         click.option("--state", is_flag=True,
                      help="Give the command the job's watermark in ONCE_STATE and take a new "
@@ -682,6 +684,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         status = _fail(exc.format_message(), exc.exit_code)
     except (SpecError, UrlError) as exc:
         status = _fail(str(exc), 2)
+    except OverflowError as exc:  # a period past year 9999 or before year 1: nothing ran
+        status = _fail(f"out of range: {exc} (periods exist from year 1 to 9999)", 2)
     except LedgerError as exc:
         status = _fail(str(exc), 75)
     sys.exit(status if isinstance(status, int) else 0)

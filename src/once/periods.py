@@ -505,8 +505,13 @@ def schedule(every: str | None, cron: str | None, tz: str) -> Schedule:
 _DURATION = re.compile(r"([0-9]+)|(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
 
 
+# The longest duration: timers past about 292 years overflow the OS's (select, waits), and
+# a timestamp that far back or ahead leaves the calendar.
+DURATION_MAX = 36500 * 86400
+
+
 def parse_duration(text: str) -> float:
-    """Seconds in "90", "90s", "5m", "2h", "1d" or "1h30m"; more than zero."""
+    """Seconds in "90", "90s", "5m", "2h", "1d" or "1h30m"; more than zero, at most 36500d."""
     match = _DURATION.fullmatch(text)
     if not text or match is None:
         raise SpecError(f"bad duration {text!r}: use 90, 90s, 5m, 2h, 1d or 1h30m")
@@ -514,4 +519,6 @@ def parse_duration(text: str) -> float:
     total = plain + 86400 * days + 3600 * hours + 60 * minutes + seconds
     if total <= 0:
         raise SpecError(f"bad duration {text!r}: it must be more than zero")
+    if total > DURATION_MAX:
+        raise SpecError(f"bad duration {text!r}: at most 36500d (100 years)")
     return float(total)

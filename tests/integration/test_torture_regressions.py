@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from helpers import run_once, wait_for
 from ledger_sql import query
@@ -57,3 +60,64 @@ def test_a_stopped_owners_command_is_stopped_by_its_deadline(once_env: dict[str,
     assert "fenced out" in err
     assert "Traceback" not in err
     assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 2)]
+
+
+def _refused(result: subprocess.CompletedProcess[str], marker: Path) -> None:
+    """Exit 2 with one `once:` line, no traceback, and the command never ran."""
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("once: "), result.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("option", ["--stale-after", "--kill-after", "--timeout"])
+@pytest.mark.parametrize("value", ["1000000d", "9" * 30])
+def test_a_duration_too_long_for_any_timer_is_a_usage_error(
+        once_env: dict[str, str], tmp_path: Path, option: str, value: str) -> None:
+    # torture, bad input: `--stale-after 1000000d` claimed the period, started the command
+    # and then died with a traceback (OverflowError: timestamp out of range for platform
+    # time_t, from select()); huge --timeout and --kill-after likewise. Durations are at
+    # most 36500d now, refused before anything is claimed.
+    marker = tmp_path / "ran"
+    result = run_once("run", "--job", "huge", "--every", "day", option, value, "--", "touch",
+                      str(marker), env=once_env)
+    _refused(result, marker)
+    assert "36500d" in result.stderr
+
+
+def test_the_longest_duration_still_runs(once_env: dict[str, str], tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    result = run_once("run", "--job", "long", "--every", "day", "--stale-after", "36500d",
+                      "--", "touch", str(marker), env=once_env)
+    assert result.returncode == 0, result.stderr
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["--every", "hour", "--tz", "Asia/Tokyo", "--from", "9999-12-31T20:00", "--to",
+     "9999-12-31T23:00"],
+    ["--every", "minute", "--from", "9999-12-31", "--to", "9999-12-31T23:59"],
+    ["--every", "week", "--from", "9999-12-20", "--to", "9999-12-31"],
+], ids=["hour-tokyo", "minute", "week"])
+def test_periods_past_the_year_9999_are_a_usage_error(once_env: dict[str, str],
+                                                      tmp_path: Path, args: list[str]) -> None:
+    # torture, bad input: the last periods of year 9999 end in year 10000, which Python's
+    # datetime cannot hold: OverflowError and a traceback.
+    result = run_once("periods", *args, env=once_env)
+    _refused(result, tmp_path / "none")
+    assert "out of range" in result.stderr
+
+
+@pytest.mark.parametrize(("option", "value"), [("--lag", "9999999999999"),
+                                               ("--max-attempts", "9" * 20)])
+def test_counts_beyond_their_bounds_are_usage_errors(once_env: dict[str, str], tmp_path: Path,
+                                                     option: str, value: str) -> None:
+    # torture, bad input: `--every minute --lag 9999999999999` counted periods back one by
+    # one for hours; a --max-attempts beyond the column's integer overflowed SQLite's
+    # binding (a traceback). --lag is at most 100000, --max-attempts at most 2**31-1.
+    marker = tmp_path / "ran"
+    began = time.monotonic()
+    result = run_once("run", "--job", "count", "--every", "minute", option, value, "--",
+                      "touch", str(marker), env=once_env, timeout=60)
+    assert time.monotonic() - began < 30
+    _refused(result, marker)
