@@ -21,13 +21,18 @@ test: $(STAMP)
 check: lint types
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench torture
 
 types: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench.py $(BENCH_ARGS)
+
+# Fault injection on SQLite, PostgreSQL (embedded) and MariaDB: 10 to 25 minutes on two cores.
+# Not part of `make test`; TORTURE_SCALE=0.1 for a quick pass (README: Torture test).
+torture: $(STAMP)
+	$(BIN)/python torture/torture.py $(TORTURE_ARGS)
 
 # Generated from the click definitions; tests/unit/test_docs.py fails when they are stale.
 man: $(STAMP)
