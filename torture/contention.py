@@ -93,7 +93,7 @@ def first_use(config: Config, url: str, backend: Backend, outdir: Path) -> Row:
     from once.core import current_period
     from once.periods import every
 
-    periods_n, procs_n = config.count(4, 2), config.count(32, 3)
+    periods_n, procs_n = config.count(3, 2), config.count(32, 3)
     row = Row(f"contention: first use, {periods_n} periods x {procs_n} `once run`")
     log = outdir / "first-use.log"
     env = {**base_env(url, outdir), "TORTURE_LOG": str(log)}

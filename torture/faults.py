@@ -71,7 +71,7 @@ def database_faults(config: Config, backend: Backend, outdir: Path) -> list[Row]
         kill = ("pg_terminate_backend" if backend.name == "postgresql"
                 else "KILL CONNECTION")
         rows += _storm(config, backend, outdir / "kills", spec,
-                       ConnectionKills(rng, (0.4, 1.2)),
+                       ConnectionKills(rng, (0.3, 0.8)),
                        f"connection kills: {spec.periods} periods converge exactly once",
                        {"connections killed": f"connections killed server-side ({kill})"})
     if backend.name == "sqlite":
