@@ -167,8 +167,9 @@ def code(block: str) -> list[str]:
 
 
 def _cli() -> click.Group:
-    from once.cli import cli
+    from once.cli import cli, load_commands
 
+    load_commands()  # all of them, not only `run`
     return cli
 
 

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import yaml_free_cronjob as k8s
 
-from once.cli import cli
+from once.cli import cli, load_commands
+
+load_commands()  # every command, not only `run`
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

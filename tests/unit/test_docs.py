@@ -15,8 +15,10 @@ import click
 import pytest
 
 from once import _docs
-from once.cli import cli
+from once.cli import cli, load_commands
 from once.complete import job_names
+
+load_commands()  # every command, not only `run`
 
 ROOT = Path(__file__).resolve().parents[2]
 MAN = ROOT / "man" / "once.1"

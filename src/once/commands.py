@@ -1,0 +1,371 @@
+"""The commands other than `once run`, registered on `once.cli.cli` when first asked for.
+
+`once run` is on the hot path of every cron fire and building click commands costs
+milliseconds, so cli.py builds only `run` at import; the group loads this module when any
+other command is named, listed or documented.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from once.cli import (
+    DURATION,
+    Duration,
+    cli,
+    command_argument,
+    core_job,
+    ledger_for,
+    ledger_options,
+    liveness_options,
+    open_target,
+    schedule_options,
+    stored_name,
+    verbosity,
+    verbosity_options,
+)
+from once.complete import job_names
+
+
+@cli.command(context_settings={"allow_interspersed_args": False})
+@click.option("--job", required=True, metavar="NAME", shell_complete=job_names,
+              help="Job name.")
+@schedule_options
+@ledger_options
+@click.option("--since", metavar="P", help="First period: a key, a date or an ISO instant "
+              "[default: the period after the latest done one].")
+@click.option("--until", metavar="P", help="Last period, included [default: the period "
+              "once run would claim now].")
+@click.option("--max", "max_count", type=click.IntRange(min=1), metavar="N",
+              envvar="ONCE_CATCHUP_MAX",
+              help="Run at most the N oldest missing periods.")
+@click.option("--keep-going", is_flag=True, help="Go on after a failed period; exit with the "
+              "first failure's status.")
+@click.option("--dry-run", is_flag=True, help="List the periods that would run; run nothing.")
+@liveness_options
+@verbosity_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARG]...")
+def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
+            db_password_file: str | None, namespace: str | None, since: str | None,
+            until: str | None, max_count: int | None, keep_going: bool, dry_run: bool,
+            lag: int, stale_after: float, kill_after: float, timeout: float | None,
+            max_attempts: int, state: bool, shards: int, version_tag: str | None,
+            verbose: int, quiet: bool, log_format: str,
+            command: tuple[str, ...]) -> int:
+    """Run COMMAND for every period in [--since, --until] that has no done row, oldest first.
+
+    Each period is claimed exactly as once run claims it, so catch-ups on several machines
+    split the work and never run a period twice. Stops at the first failure with its status
+    unless --keep-going.
+    """
+    from once import core
+    from once.periods import iso
+    from once.periods import schedule as make_schedule
+
+    if not command and not dry_run:
+        raise click.UsageError("no command given: once catchup ... -- COMMAND [ARG]...")
+    sched = make_schedule(every, cron, tz)
+    the_job = core_job(job, namespace, sched, lag, max_attempts, stale_after, shards)
+    target = open_target(db, db_password_file)
+    first = sched.resolve(since) if since else None
+    last = sched.resolve(until) if until else core.current_period(sched, lag)
+    with ledger_for(target, stale_after) as ledger:
+        try:
+            todo = core.missing_periods(ledger, the_job, sched, first, last)
+        except core.NothingToResume as exc:
+            raise click.UsageError(str(exc)) from None
+        todo = todo[:max_count] if max_count else todo
+        if dry_run:
+            for period in todo:
+                click.echo(f"{period.key} {iso(period.start)} {iso(period.end)}")
+            return 0
+        settings = core.Settings(kill_after=kill_after, timeout=timeout,
+                                 verbosity=verbosity(verbose, quiet), log_format=log_format,
+                             state=state,
+                                 command_hash=core.command_hash(command, version_tag))
+        return core.catch_up(ledger, the_job, todo, command, settings, keep_going,
+                             _progress(quiet))
+
+
+def _progress(quiet: bool) -> Any:
+    """A rich progress bar on a terminal; plain lines in a pipe; nothing with --quiet."""
+    from once import core
+
+    if quiet:
+        return _silent_progress()
+    if sys.stderr.isatty():
+        from once.progress import BarProgress
+
+        return BarProgress()
+    return core.Progress()
+
+
+def _silent_progress() -> Any:
+    from once import core
+
+    class Silent(core.Progress):
+        def result(self, period: Any, result: Any, seconds: float) -> None:
+            pass
+
+    return Silent()
+
+
+EXIT_REFUSED = 69
+
+
+@cli.command(context_settings={"allow_interspersed_args": False})
+@click.option("--job", required=True, metavar="NAME", shell_complete=job_names,
+              help="Job name.")
+@click.option("--period", "key", required=True, metavar="KEY", envvar="ONCE_RERUN_PERIOD",
+              help="The period's key.")
+@click.option("--reason", metavar="TEXT", help="Why, kept in the history.")
+@ledger_options
+@click.option("--kill-after", default="10s", show_default=True, type=DURATION,
+              help="SIGKILL the command this long after SIGTERM.")
+@click.option("--timeout", type=DURATION, help="SIGTERM the command when it runs longer.")
+@verbosity_options
+@command_argument
+def rerun(job: str, key: str, reason: str | None, db: str | None,
+          db_password_file: str | None, namespace: str | None, kill_after: float,
+          timeout: float | None, verbose: int, quiet: bool, log_format: str,
+            command: tuple[str, ...]) -> int:
+    """Run a done or failed period again, as a new attempt with a new fence.
+
+    The job's schedule and zone come from the ledger (as its latest once run left them).
+    Refused, with status 69, while a live attempt holds the period.
+    """
+    from once import core
+    from once.periods import schedule as make_schedule
+
+    name = stored_name(job, namespace)
+    target = open_target(db, db_password_file)
+    with ledger_for(target) as ledger:
+        the_job = ledger.job_info(name)
+        if the_job is None:
+            raise click.UsageError(f"unknown job {name!r}: it has never run in "
+                                   f"{target.redacted}")
+        sched = make_schedule(the_job.schedule if the_job.kind == "every" else None,
+                              the_job.schedule if the_job.kind == "cron" else None, the_job.tz)
+        base, sharp, index = key.partition("#")
+        shard = int(index) if index.isascii() and index.isdigit() else -1
+        if the_job.shards == 1 and sharp:
+            raise click.UsageError(f"bad --period {key!r}: job {name} has no shards")
+        if the_job.shards > 1 and not 0 <= shard < the_job.shards:
+            raise click.UsageError(f"job {name} runs {the_job.shards} shards: give --period "
+                                   f"KEY#i, i from 0 to {the_job.shards - 1}")
+        period = sched.from_key(base)
+        settings = core.Settings(kill_after=kill_after, timeout=timeout,
+                                 verbosity=verbosity(verbose, quiet), log_format=log_format)
+        result = core.run_period(ledger, the_job, period, command, settings,
+                                 rerun_reason=reason or "once rerun",
+                                 shard=shard if the_job.shards > 1 else None)
+    if result.outcome == "skipped-held":
+        core.say(f"{name} {key}: rerun refused: a live attempt holds it; try again when it "
+                 f"has finished")
+        return EXIT_REFUSED
+    return result.status
+
+
+
+# -- once periods ----------------------------------------------------------------------------
+
+
+@cli.command()
+@schedule_options
+@click.option("--from", "start", required=True, metavar="T", envvar="ONCE_PERIODS_FROM",
+              help="ISO 8601 datetime, date or period key.")
+@click.option("--to", "end", required=True, metavar="T", envvar="ONCE_PERIODS_TO",
+              help="ISO 8601 datetime, date or period key (exclusive).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+def periods(every: str | None, cron: str | None, tz: str, start: str, end: str,
+            as_json: bool) -> None:
+    """List the periods that overlap [--from, --to): one `KEY START END` a line."""
+    from once.periods import iso
+    from once.periods import schedule as make_schedule
+
+    sched = make_schedule(every, cron, tz)
+    first, last = sched.parse_instant(start), sched.parse_instant(end)
+    found = [{"key": p.key, "start": iso(p.start), "end": iso(p.end)}
+             for p in sched.overlapping(first, last)]
+    if as_json:
+        import json
+
+        click.echo(json.dumps(found, indent=2))
+    else:
+        for p in found:
+            click.echo(f"{p['key']} {p['start']} {p['end']}")
+
+
+# -- once schema -----------------------------------------------------------------------------
+
+
+@cli.command()
+@ledger_options
+@click.option("--sql", is_flag=True, help="Print the DDL for the URL's dialect; touch no "
+              "database.")
+def schema(db: str | None, db_password_file: str | None, namespace: str | None,
+           sql: bool) -> None:
+    """Create or upgrade the ledger's tables (they are also created on first use)."""
+    from once import schema as ledger_schema
+
+    target = open_target(db, db_password_file)
+    if sql:
+        for statement in ledger_schema.ddl(target.dialect):
+            click.echo(statement + ";\n")
+        return
+    ledger_schema.ensure(target)
+    click.echo(f"once: the ledger's tables are ready in {target.redacted} "
+               f"(schema version {ledger_schema.SCHEMA_VERSION})", err=True)
+
+
+# -- once state -----------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("job", metavar="JOB", shell_complete=job_names)
+@ledger_options
+@click.option("--set", "value", metavar="VALUE", envvar="ONCE_STATE_SET",
+              help="Set the watermark deliberately (recorded in the history).")
+def state(job: str, db: str | None, db_password_file: str | None, namespace: str | None,
+          value: str | None) -> int:
+    """Print the watermark of JOB (what its last successful --state run left), or set it."""
+    from once import core
+    from once.ledger import STATE_LIMIT
+
+    name = stored_name(job, namespace)
+    target = open_target(db, db_password_file)
+    with ledger_for(target) as ledger:
+        if ledger.job_info(name) is None:
+            raise click.UsageError(f"unknown job {name!r}: it has never run in "
+                                   f"{target.redacted}")
+        if value is None:
+            current, _version = ledger.state(name)
+            if current is not None:
+                click.echo(current)
+            return 0
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:  # bytes that are not UTF-8, as the shell passed them
+            raise click.UsageError("--set: a watermark is UTF-8 text; this value is not"
+                                   ) from None
+        if size > STATE_LIMIT:
+            raise click.UsageError("--set: a watermark holds at most 64 KiB of UTF-8")
+        version = ledger.set_state(name, value, core.default_owner())
+    core.say(f"{name}: state set (version {version})")
+    return 0
+
+
+# -- once prune -----------------------------------------------------------------------------
+
+
+@cli.command()
+@ledger_options
+@click.option("--older-than", required=True, type=DURATION, metavar="DURATION",
+              help="Forget attempts and done rows that finished longer ago than this.")
+@click.option("--dry-run", is_flag=True, help="Count what would go; delete nothing.")
+def prune(db: str | None, db_password_file: str | None, namespace: str | None,
+          older_than: float, dry_run: bool) -> int:
+    """Delete old history and done rows; never a running or failed row, never a job's latest
+    done row (catch-up resumes from it). Lists jobs idle for longer than --older-than."""
+    from once import prune as pruning
+
+    target = open_target(db, db_password_file)
+    pruned = pruning.prune(target, older_than, dry_run)
+    verb = "would delete" if dry_run else "deleted"
+    click.echo(f"{verb} {pruned.runs} done rows and {pruned.attempts} attempts")
+    for job, last in pruned.idle_jobs:
+        click.echo(f"idle job {job}: last fired {last:%Y-%m-%d %H:%M} UTC (renamed or retired?)")
+    return 0
+
+
+# -- reports: status, history, check, metrics (once.report; SQLAlchemy and rich live there) --
+
+
+class Grace(Duration):
+    """A duration that may also be 0 (no grace)."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        if str(value).strip() in ("0", "0s", "0.0"):
+            return 0.0
+        return super().convert(value, param, ctx)
+
+
+GRACE = Grace()
+
+
+@cli.command()
+@click.argument("jobs", nargs=-1, metavar="[JOB]...")
+@ledger_options
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object a job.")
+@click.option("--timeline", is_flag=True, help="Draw each job's recent periods: done, failed, "
+              "missing, running.")
+@click.option("--last", type=click.IntRange(min=1), metavar="N",
+              help="With --timeline: draw the N latest periods [default: about 13 weeks of "
+                   "days, 7 days of hours, 6 hours of minutes, 60 other periods].")
+def status(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
+           namespace: str | None, as_json: bool, timeline: bool, last: int | None) -> int:
+    """Show each job: schedule, last done period, what runs now, failed and missing periods.
+
+    Missing periods are due (the period after it, plus --lag periods, has ended) but have no
+    done row, no failed row and no live attempt, from the job's first claim on.
+    """
+    from once import report
+
+    if last is not None and not timeline:
+        raise click.UsageError("--last goes with --timeline")
+    for job in jobs:
+        stored_name(job, namespace)  # a usage error for a bad name
+    return report.status(open_target(db, db_password_file), jobs, namespace, as_json,
+                         timeline=timeline, last=last)
+
+
+@cli.command()
+@click.argument("job", metavar="JOB")
+@ledger_options
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1),
+              help="Show the N latest attempts.")
+@click.option("--period", "key", metavar="KEY", help="Only the attempts at this period.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object an "
+              "attempt.")
+def history(job: str, db: str | None, db_password_file: str | None, namespace: str | None,
+            limit: int, key: str | None, as_json: bool) -> int:
+    """Show every attempt of JOB, newest first: period, attempt, fence, owner, times, outcome,
+    exit status and rerun reason."""
+    from once import report
+
+    return report.history(open_target(db, db_password_file), stored_name(job, namespace),
+                          limit, as_json, period=key)
+
+
+@cli.command()
+@click.argument("jobs", nargs=-1, metavar="[JOB]...")
+@ledger_options
+@click.option("--grace", default="0", show_default=True, type=GRACE,
+              help="How long after a period is due its done row may still be missing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def check(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
+          namespace: str | None, grace: float, as_json: bool) -> int:
+    """Audit the ledger for monitoring: exit 0 all due periods done, 1 a stale heartbeat,
+    2 a due period missing or failed, or a period failed with no attempts left.
+
+    Each finding is one line on stdout, `SEVERITY JOB PERIOD PROBLEM (DETAILS)`, most severe
+    first; `OK ...` when there is none.
+    """
+    from once import report
+
+    for job in jobs:
+        stored_name(job, namespace)  # a usage error for a bad name
+    return report.check(open_target(db, db_password_file), jobs, namespace, grace, as_json)
+
+
+@cli.command()
+@ledger_options
+def metrics(db: str | None, db_password_file: str | None, namespace: str | None) -> int:
+    """Print Prometheus text exposition (for node_exporter's textfile collector)."""
+    from once import report
+
+    return report.metrics(open_target(db, db_password_file), namespace)
