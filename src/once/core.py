@@ -296,6 +296,7 @@ def _finish(ledger: Ledger, job: Job, key: str, claim: Claim, status: str,
                 claim.state_version))
         except NoAnswer as exc:
             lease.last_error = str(exc)
+            ledger.abandon()  # the statement still waits on the connection: never close it
             return None
         except LedgerError as exc:
             lease.last_error = str(exc)

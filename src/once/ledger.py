@@ -241,6 +241,13 @@ class Ledger:
             with suppress(Exception):  # a dead connection may fail to close; it is gone anyway
                 conn.close()
 
+    def abandon(self) -> None:
+        """Forget the connection without closing it: a statement that got no answer still
+        waits on it on another thread (runner.Lease.call), and closing a connection under
+        a statement can crash the process (SQLite: SIGSEGV). The next statement opens a
+        fresh one; the old one goes with the process."""
+        self._conn = None
+
     def __enter__(self) -> Ledger:
         return self
 

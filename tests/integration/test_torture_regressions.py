@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_once, wait_for
+from helpers import ONCE, run_once, wait_for
 from ledger_sql import query
 from procs import alive, start_once
 
@@ -121,3 +121,71 @@ def test_counts_beyond_their_bounds_are_usage_errors(once_env: dict[str, str], t
                       "touch", str(marker), env=once_env, timeout=60)
     assert time.monotonic() - began < 30
     _refused(result, marker)
+
+
+class _RowLock:
+    """Holds the ledger's write lock (SQLite) or the run row's lock (PostgreSQL, MariaDB) in
+    an open transaction, so that once's final write waits, until release()."""
+
+    def __init__(self, url: str) -> None:
+        from once.ledger import parse_url
+
+        target = parse_url(url)
+        self.dialect = target.dialect
+        if self.dialect == "sqlite":
+            import sqlite3
+
+            self.conn = sqlite3.connect(target.path, isolation_level=None, timeout=30)
+            self.conn.execute("BEGIN IMMEDIATE")
+        elif self.dialect == "postgresql":
+            import psycopg
+
+            self.conn = psycopg.connect(target.connect_args["conninfo"])
+            self.conn.execute("SELECT 1 FROM once_runs FOR UPDATE")
+        else:
+            import pymysql
+
+            self.conn = pymysql.connect(**target.connect_args, autocommit=False)
+            self.conn.cursor().execute("SELECT 1 FROM once_runs FOR UPDATE")
+
+    def release(self) -> None:
+        if self.dialect == "sqlite":
+            self.conn.execute("ROLLBACK")
+        else:
+            self.conn.rollback()
+        self.conn.close()
+
+
+@pytest.mark.parametrize("command", ["run", "catchup"])
+def test_a_final_write_answered_while_once_exits_still_exits_75(
+        once_env: dict[str, str], tmp_path: Path, ledger_url: str, command: str) -> None:
+    # torture, SQLite write locks: a final write that got no answer before the deadline was
+    # left waiting on its thread, and once then closed the connection under it on the way
+    # out: the answer arriving during the exit killed the wrapper with SIGSEGV (status -11,
+    # where the contract says 75). The connection of an abandoned statement is now never
+    # closed by once.
+    env = {**once_env, "DIR": str(tmp_path)}
+    schedule = ["--every", "day"] + (["--since", "2026-01-01", "--until", "2026-01-01"]
+                                     if command == "catchup" else [])
+    proc = subprocess.Popen(
+        [ONCE, command, "--job", "abandoned", *schedule, "--stale-after", "3s", "--", "sh",
+         "-c", 'touch "$DIR/started"; while [ ! -e "$DIR/go" ]; do sleep 0.05; done'],
+        env=env, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (tmp_path / "started").exists(), what="the command")
+    lock = _RowLock(ledger_url)
+    released = False
+    try:
+        (tmp_path / "go").touch()  # the command succeeds; its result must wait for the lock
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if "not recorded" in line and not released:
+                lock.release()  # the abandoned statement gets its answer as once exits
+                released = True
+        proc.wait(30)
+    finally:
+        if not released:
+            lock.release()
+    assert proc.returncode == 75, (proc.returncode, lines)
+    assert "Traceback" not in "".join(lines)
