@@ -39,11 +39,17 @@ def owner_faults(config: Config, backend: Backend, outdir: Path) -> list[Row]:
     spec = Spec(job="owner-faults", periods=config.count(60, 6),
                 limit=config.span(300, 120))
     return _storm(config, backend, outdir / "owner-faults", spec, OwnerFaults(rng),
-                  f"owner faults: {spec.periods} periods converge exactly once", {
+                  f"owner faults: {spec.periods} periods converge, each finished once", {
                       "SIGKILL": "owner SIGKILL, command running",
                       "SIGSTOP": "owner SIGSTOP past --stale-after, SIGCONT",
                       "SIGTERM": "owner SIGTERM, command running",
                   })
+
+
+# Under database faults a finished command whose result cannot be recorded in time is run
+# again (CONTRACT.md: exit 75, the row goes stale and is retried): at least once, not twice
+# without a cause.
+CONVERGED = "periods converge, each finished once (or redone as documented)"
 
 
 def _db_spec(job: str, config: Config) -> Spec:
@@ -60,7 +66,7 @@ def database_faults(config: Config, backend: Backend, outdir: Path) -> list[Row]
             spec = _db_spec("restarts", config)
             rows += _storm(config, backend, outdir / "restarts", spec,
                            ServerRestarts(rng, (3.0, 6.0), (0.5, 6.0)),
-                           f"server restarts: {spec.periods} periods converge exactly once",
+                           f"server restarts: {spec.periods} {CONVERGED}",
                            {"server restart": "PostgreSQL stopped mid-run, restarted"})
         else:
             rows.append(not_applicable("PostgreSQL stopped mid-run, restarted",
@@ -72,13 +78,13 @@ def database_faults(config: Config, backend: Backend, outdir: Path) -> list[Row]
                 else "KILL CONNECTION")
         rows += _storm(config, backend, outdir / "kills", spec,
                        ConnectionKills(rng, (0.3, 0.8)),
-                       f"connection kills: {spec.periods} periods converge exactly once",
+                       f"connection kills: {spec.periods} {CONVERGED}",
                        {"connections killed": f"connections killed server-side ({kill})"})
     if backend.name == "sqlite":
         spec = _db_spec("locks", config)
         rows += _storm(config, backend, outdir / "locks", spec,
                        SqliteLocks(rng, (1.5, 4.0), (0.5, 6.0)),
-                       f"write locks: {spec.periods} periods converge exactly once",
+                       f"write locks: {spec.periods} {CONVERGED}",
                        {"write lock held": "SQLite write lock held by an outsider"})
     if backend.name == "mariadb":
         from deadlocks import deadlocks

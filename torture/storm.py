@@ -304,7 +304,8 @@ class Verdict:
                                           f"after its period was taken over"))
         extra = [d for d in dones if d.fence != fence]
         for d in extra:
-            cause = self._redo_cause(d.fence)
+            later = [a.started_at for a in attempts if a.fence > d.fence]
+            cause = self._redo_cause(d.fence, d.at, min(later) if later else d.at)
             if cause:
                 self.redone.append(f"{key} fence {d.fence}: {cause}")
             else:
@@ -328,13 +329,25 @@ class Verdict:
                 found.append(end - min(later))
         return found
 
-    def _redo_cause(self, fence: int) -> str:
-        """Why a finished command's result was not recorded, when the contract says so."""
+    def _redo_cause(self, fence: int, finished: float, taken: float) -> str:
+        """Why a command that finished (before any takeover) had its result go unrecorded,
+        when the contract documents it; '' when nothing does."""
         proc, events = self.claims.get(fence, (None, []))
         if proc is None:
             return ""
         if any(e.get("event") == "unreachable" for e in events) and proc.returncode == 75:
             return "its owner could not record the result (ledger unreachable, exit 75)"
+        # A database fault kept the owner from renewing and from writing the result in
+        # time: its claim went stale, another attempt took over, and the late final write
+        # matched no row (exit 70). Only a fault of the ledger's during that window counts.
+        late = any(e.get("event") == "fenced-out" and "final write matched no row"
+                   in str(e.get("message")) for e in events) and proc.returncode == 70
+        stale = self.storm.spec.stale
+        hit = any(f.period is None and f.t0 <= taken and f.t1 >= finished - stale
+                  for f in self.storm.injector.faults)
+        if late and hit:
+            return ("its owner's final write came after its claim went stale under a "
+                    "database fault (exit 70)")
         return ""
 
     def _story(self, fence: int) -> str:
@@ -395,8 +408,8 @@ class Verdict:
             row.note(f"{len(overlaps)} commands ran on after a takeover (longest "
                      f"{max(overlaps):.1f}s)")
         if self.redone:
-            row.note(f"redone after an unrecorded finish (documented, exit 75): "
-                     f"{len(self.redone)}")
+            row.note(f"redone after a finish the ledger could not record in time "
+                     f"(documented: exit 75 or 70): {len(self.redone)}")
         if storm.stragglers:
             row.note(f"{storm.stragglers} wrappers still running 60s after convergence")
         return row

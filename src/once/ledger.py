@@ -427,6 +427,10 @@ class Ledger:
         # First use (or an older schema): create or upgrade it, then try once more.
         from once import schema  # imported here only: it pulls in SQLAlchemy
 
+        # One connection at a time: a stampede of first uses, each holding its claim's
+        # connection while it waits for the schema lock on another, would need twice as many
+        # as there are processes (MariaDB's default max_connections is 151, PostgreSQL's 100).
+        self.close()
         schema.ensure(self.target)
         with self._errors("cannot claim in"):
             self.reconnect()
