@@ -54,7 +54,7 @@ CONVERGED = "periods converge, each finished once (or redone as documented)"
 
 def _db_spec(job: str, config: Config) -> Spec:
     """Fewer wrappers at a time, longer work: the storm lasts long enough for many faults."""
-    return Spec(job=job, periods=config.count(40, 6), work=(1.0, 8.0), max_live=10,
+    return Spec(job=job, periods=config.count(60, 6), work=(1.0, 8.0), max_live=10,
                 limit=config.span(300, 150))
 
 
