@@ -13,9 +13,11 @@ once_attempts) and each wrapper's JSON log (-v --log-format json). It holds when
   with the row's fence);
 - its work was finished exactly once: one `done` line. A second `done` is a duplicate, and
   lost, unless its owner told why the first finish went unrecorded in a way the contract
-  documents (exit 75, "the result was not recorded": the ledger was unreachable at the very
-  end; the period is then run again once the claim goes stale); such a period is "redone"
-  and counted apart in the notes;
+  documents: exit 75, "the result was not recorded" (the ledger was unreachable at the very
+  end; the period runs again once the claim goes stale), or, under a database fault, exit
+  70 because the late final write found the stale claim taken over. Such a period is
+  "redone" and counted apart in the notes: under ledger faults `once` is at least once, and
+  the command's own fence or idempotency key is what makes a rerun harmless;
 - no command finished after its period was taken over (its `done` time is after the
   started_at, by the database's clock on the same host, of an attempt with a larger fence);
 - no claim's command ran twice (two `start` lines with one fence);

@@ -23,10 +23,14 @@ Each backend gets a table:
                kills, a deadlock round, a skewed-clock round, an argument vector...
     held       how many of those left every invariant standing
     lost       how many broke one: a period run twice (by the commands' own log of finished
-               work), a period without a winner or never done, a command that finished
-               after its period was taken over, a command that outlived its owner, a takeover
-               before --stale-after by the database's clock, a traceback, a wrong exit status,
-               a command run for bad input
+               work: a `done` line is written only when the work is finished), a period
+               without a winner or never done, a command that finished after its period was
+               taken over, a command that outlived its owner, a takeover before
+               --stale-after by the database's clock, a traceback, a wrong exit status, a
+               command run for bad input. Under database faults, a finish the ledger could
+               not record in time is run again as CONTRACT.md says (exit 75; or 70 when the
+               late write found the claim taken over): counted as "redone" in the notes, not
+               lost (see storm.py)
     notes      counts that explain the figures (exit statuses, takeovers, deadlock victims)
 
 A row marked n/a does not apply to the backend (tried 0). Exits 1 when anything was lost,
