@@ -109,8 +109,7 @@ def first_use(config: Config, url: str, backend: Backend, outdir: Path) -> Row:
     _judge(row, expected, _winners(log), ledger, attempts)
     bad, tracebacks = _errors(procs)
     row.note(f"{len(procs)} processes on a ledger without tables")
-    if bad:
-        row.note(f"errors: {histogram(bad)}")
+    row.note(f"errors: {histogram(bad)}" if bad else "errors: none")
     for name in tracebacks[:3]:
         row.fail(f"traceback in {name}")
     if hung:
@@ -139,8 +138,7 @@ def catchup_race(config: Config, url: str, backend: Backend, outdir: Path) -> Ro
     _judge(row, expected, _winners(log), ledger, attempts)
     bad, tracebacks = _errors(procs)
     row.note(f"{periods_n * procs_n} claims")
-    if bad:
-        row.note(f"errors: {histogram(bad)}")
+    row.note(f"errors: {histogram(bad)}" if bad else "errors: none")
     for name in tracebacks[:3]:
         row.fail(f"traceback in {name}")
     if hung:
