@@ -32,6 +32,8 @@ bench: $(STAMP)
 # Fault injection on SQLite, PostgreSQL (embedded) and MariaDB: 10 to 25 minutes on two cores.
 # Not part of `make test`; TORTURE_SCALE=0.1 for a quick pass (README: Torture test).
 torture: $(STAMP)
+	@command -v faketime >/dev/null || { apt-get update -qq && apt-get install -y -qq faketime; } \
+		|| echo "make torture: install Debian's faketime for the clock rows" >&2
 	$(BIN)/python torture/torture.py $(TORTURE_ARGS)
 
 # Generated from the click definitions; tests/unit/test_docs.py fails when they are stale.
