@@ -252,11 +252,23 @@ class Backend:
     def stop(self) -> None:
         pass
 
+    admin_url = ""
+    drop_sql = "DROP DATABASE IF EXISTS {name}"
+
     def new_ledger(self) -> str:
-        raise NotImplementedError
+        """A fresh database on a server backend (SQLite overrides this with a file)."""
+        name = "torture_" + uuid.uuid4().hex[:10]
+        self.query(self.admin_url, f"CREATE DATABASE {name}")
+        self.created.append(name)
+        return _with_path(self.admin_url, name)
 
     def drop_all(self) -> None:
-        pass
+        for name in self.created:
+            try:
+                self.query(self.admin_url, self.drop_sql.format(name=name))
+            except Exception as exc:
+                print(f"warning: could not drop database {name}: {exc}", file=sys.stderr)
+        self.created.clear()
 
     def query(self, url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         raise NotImplementedError
@@ -375,19 +387,7 @@ class PostgresBackend(Backend):
                     self.server_up()
                 self._pg_ctl("-w", "-m", "fast", "stop")
 
-    def new_ledger(self) -> str:
-        name = "torture_" + uuid.uuid4().hex[:10]
-        self.query(self.admin_url, f"CREATE DATABASE {name}")
-        self.created.append(name)
-        return _with_path(self.admin_url, name)
-
-    def drop_all(self) -> None:
-        for name in self.created:
-            try:
-                self.query(self.admin_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-            except Exception as exc:
-                print(f"warning: could not drop database {name}: {exc}", file=sys.stderr)
-        self.created.clear()
+    drop_sql = "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
 
     def query(self, url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         import psycopg
@@ -419,20 +419,6 @@ class MariadbBackend(Backend):
 
     def describe(self) -> str:
         return "mariadb"
-
-    def new_ledger(self) -> str:
-        name = "torture_" + uuid.uuid4().hex[:10]
-        self.query(self.admin_url, f"CREATE DATABASE {name}")
-        self.created.append(name)
-        return _with_path(self.admin_url, name)
-
-    def drop_all(self) -> None:
-        for name in self.created:
-            try:
-                self.query(self.admin_url, f"DROP DATABASE IF EXISTS {name}")
-            except Exception as exc:
-                print(f"warning: could not drop database {name}: {exc}", file=sys.stderr)
-        self.created.clear()
 
     @contextmanager
     def session(self, url: str, autocommit: bool = True) -> Iterator[Any]:
