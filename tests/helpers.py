@@ -64,3 +64,35 @@ def _waiters(inode: int) -> int:
     """How many processes wait for a flock on the file with this inode."""
     with open("/proc/locks") as locks:
         return sum(1 for line in locks if "->" in line and f":{inode} " in line)
+
+
+def continue_if_sqlite(ledger_url: str, owner: subprocess.Popen[Any],
+                       command_pid: int | None, fire: Callable[[], bool], stale: float,
+                       timeout: float = 30.0) -> None:
+    """SQLite only: a stopped `once` keeps its claim (the row's OS lock stays with its live
+    process, whatever the clock says), so nothing takes it over until it is continued.
+
+    Wait until the guard has stopped the stopped owner's command at the deadline (when its
+    pid is given), check that a fire now still skips, then continue the owner and wait for
+    it to exit: from then on its claim can be taken over once stale."""
+    import signal as signals
+
+    if not ledger_url.startswith("sqlite"):
+        return
+    if command_pid is not None:
+        wait_for(lambda: not _alive(command_pid), timeout=timeout,
+                 what="the stopped owner's command to be stopped at its deadline")
+    else:
+        time.sleep(stale / 3 + stale)  # the deadline: last renewal plus --stale-after
+    time.sleep(0.5)  # past --stale-after by the clock: only the lock keeps the claim
+    assert not fire(), "a stopped owner's SQLite claim was taken over"
+    os.kill(owner.pid, signals.SIGCONT)
+    owner.wait(timeout=timeout)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -120,6 +120,15 @@ def cli() -> None:
 # -- once run --------------------------------------------------------------------------------
 
 
+def clock_option(func: F) -> F:
+    """--max-clock-skew, for every command that claims (run, catchup, rerun)."""
+    return click.option(
+        "--max-clock-skew", default="1m", show_default=True, type=DURATION,
+        help="Refuse to claim (exit 75) when the database's clock and this host's disagree "
+             "by more than this: the period comes from this host's clock. 0: never check. "
+             "A SQLite ledger has no clock of its own: not checked there.")(func)
+
+
 def liveness_options(func: F) -> F:
     """The options `once run` shares with `once catchup`."""
     options = [
@@ -150,7 +159,7 @@ def liveness_options(func: F) -> F:
     ]
     for option in reversed(options):
         func = option(func)
-    return func
+    return clock_option(func)
 
 
 def notify_options(func: F) -> F:
@@ -240,7 +249,8 @@ def verbosity_options(func: F) -> F:
 def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
         db_password_file: str | None, namespace: str | None, lag: int, stale_after: float,
         kill_after: float, timeout: float | None, max_attempts: int, state: bool, shards: int,
-        version_tag: str | None, catchup: int, skipped_exit_code: int, all_shards: bool,
+        version_tag: str | None, max_clock_skew: float, catchup: int,
+        skipped_exit_code: int, all_shards: bool,
         require_same_command: bool, ping: str | None, ping_url_file: str | None,
         ping_on_skip: bool, ping_exit_status: bool, on_success: str | None,
         on_failure: str | None, on_skip: str | None, verbose: int, quiet: bool,
@@ -265,18 +275,13 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
                              verbosity=verbosity(verbose, quiet), log_format=log_format,
                              state=state,
                              command_hash=core.command_hash(command, version_tag),
+                             require_same_command=require_same_command,
+                             max_clock_skew=max_clock_skew,
                              notifier=notifier(ping, ping_url_file, ping_on_skip,
                                                ping_exit_status, on_success, on_failure,
                                                on_skip))
     period = core.current_period(sched, lag)
     with ledger_for(target, stale_after) as ledger:
-        if require_same_command:
-            last = ledger.last_command(the_job.name)
-            if last is not None and last != settings.command_hash:
-                raise click.UsageError(
-                    f"job {the_job.name} last ran a different command (fingerprint {last}, "
-                    f"this one {settings.command_hash}): rename the job or drop "
-                    f"--require-same-command")
         if catchup:
             try:
                 missed = core.missing_periods(ledger, the_job, sched, None,

@@ -16,6 +16,7 @@ from once.cli import (
     DURATION,
     Duration,
     cli,
+    clock_option,
     command_argument,
     core_job,
     ledger_for,
@@ -53,7 +54,7 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
             until: str | None, max_count: int | None, keep_going: bool, dry_run: bool,
             lag: int, stale_after: float, kill_after: float, timeout: float | None,
             max_attempts: int, state: bool, shards: int, version_tag: str | None,
-            verbose: int, quiet: bool, log_format: str,
+            max_clock_skew: float, verbose: int, quiet: bool, log_format: str,
             command: tuple[str, ...]) -> int:
     """Run COMMAND for every period in [--since, --until] that has no done row, oldest first.
 
@@ -84,7 +85,7 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
             return 0
         settings = core.Settings(kill_after=kill_after, timeout=timeout,
                                  verbosity=verbosity(verbose, quiet), log_format=log_format,
-                             state=state,
+                                 state=state, max_clock_skew=max_clock_skew,
                                  command_hash=core.command_hash(command, version_tag))
         return core.catch_up(ledger, the_job, todo, command, settings, keep_going,
                              _progress(quiet))
@@ -126,12 +127,15 @@ EXIT_REFUSED = 69
 @click.option("--kill-after", default="10s", show_default=True, type=DURATION,
               help="SIGKILL the command this long after SIGTERM.")
 @click.option("--timeout", type=DURATION, help="SIGTERM the command when it runs longer.")
+@click.option("--version-tag", metavar="TEXT",
+              help="Counts as part of the command's fingerprint (see once run).")
+@clock_option
 @verbosity_options
 @command_argument
 def rerun(job: str, key: str, reason: str | None, db: str | None,
           db_password_file: str | None, namespace: str | None, kill_after: float,
-          timeout: float | None, verbose: int, quiet: bool, log_format: str,
-            command: tuple[str, ...]) -> int:
+          timeout: float | None, version_tag: str | None, max_clock_skew: float,
+          verbose: int, quiet: bool, log_format: str, command: tuple[str, ...]) -> int:
     """Run a done or failed period again, as a new attempt with a new fence.
 
     The job's schedule and zone come from the ledger (as its latest once run left them).
@@ -158,7 +162,9 @@ def rerun(job: str, key: str, reason: str | None, db: str | None,
                                    f"KEY#i, i from 0 to {the_job.shards - 1}")
         period = sched.from_key(base)
         settings = core.Settings(kill_after=kill_after, timeout=timeout,
-                                 verbosity=verbosity(verbose, quiet), log_format=log_format)
+                                 verbosity=verbosity(verbose, quiet), log_format=log_format,
+                                 max_clock_skew=max_clock_skew,
+                                 command_hash=core.command_hash(command, version_tag))
         result = core.run_period(ledger, the_job, period, command, settings,
                                  rerun_reason=reason or "once rerun",
                                  shard=shard if the_job.shards > 1 else None)

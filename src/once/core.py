@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from once.ledger import Claim, Job, Ledger, LedgerError
+from once.ledger import Claim, CommandDrift, Job, Ledger, LedgerError
 from once.periods import Period, Schedule, iso
 
 if TYPE_CHECKING:
@@ -29,6 +29,10 @@ EXIT_TIMEOUT = 124
 
 QUIET, NORMAL, VERBOSE = 0, 1, 2
 
+# --max-clock-skew: the period comes from this host's clock (the one cron fired by), so a
+# claim is refused when a server's clock disagrees with it by more than this (seconds).
+DEFAULT_MAX_CLOCK_SKEW = 60.0
+
 
 @dataclass
 class Settings:
@@ -41,6 +45,8 @@ class Settings:
     verbosity: int = NORMAL
     state: bool = False  # --state: hand the job's watermark to the command and take it back
     command_hash: str | None = None  # what ran, for drift reports and --require-same-command
+    require_same_command: bool = False  # refuse (exit 2) when the latest attempt ran another
+    max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW  # refuse (exit 75) a host clock this far off
     notifier: Notifier | None = None  # --ping and --on-* hooks
     log_format: str = "text"  # or "json": one object a line, for log shippers
     context: dict[str, object] = field(default_factory=dict)  # job, period, attempt: for logs
@@ -140,10 +146,15 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
     try:
         claim = ledger.claim(job, key, period.start, period.end, settings.owner,
                              rerun=rerun_reason is not None, reason=rerun_reason,
-                             command_hash=settings.command_hash)
+                             command_hash=settings.command_hash,
+                             require_same_command=settings.require_same_command,
+                             max_clock_skew=settings.max_clock_skew)
     except LedgerError as exc:
         say(f"{exc}; nothing was run", settings, event="unreachable")
         return Result("unreachable", EXIT_LEDGER)
+    except CommandDrift as exc:
+        say(f"{exc}; nothing was run", settings, event="command-drift")
+        return Result("command-drift", EXIT_USAGE)
     if not claim.won:
         result = _skipped(what, claim, job, settings)
         if notify_skip:
@@ -154,14 +165,19 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
     say(f"{what}: {verb} as attempt {claim.attempt}, fence {claim.fence}, owner "
         f"{settings.owner}", settings, level=VERBOSE if claim.attempt == 1 else NORMAL,
         event=verb.replace(" ", "-"))
-    result = _run_claimed(ledger, job, period, key, shard, claim, command, settings, sent)
+    try:
+        result = _run_claimed(ledger, job, period, key, shard, claim, command, settings, sent)
+    finally:
+        ledger.release(job.name, key)  # the command has ended: no longer a live owner
     _notify(settings, result, child_env(job, period, claim, shard))
     return result
 
 
 def _notify(settings: Settings, result: Result, env: dict[str, str]) -> None:
-    """Pings and hooks; not for `unreachable`, where the missing success ping is the alarm."""
-    if settings.notifier is not None and result.outcome != "unreachable":
+    """Pings and hooks; not for `unreachable`, where the missing success ping is the alarm,
+    nor for a refused command drift (a usage error: nothing was claimed)."""
+    if settings.notifier is not None and result.outcome not in ("unreachable",
+                                                                  "command-drift"):
         settings.notifier.finished(result.outcome, result.status, env)
 
 
@@ -181,7 +197,7 @@ def run_shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
     for shard in range(job.shards):
         result = run_period(ledger, job, period, command, settings, shard=shard,
                             notify_skip=False)
-        if result.outcome == "unreachable":
+        if result.outcome in ("unreachable", "command-drift"):
             return result
         if not result.ran:
             skips.add(result.outcome)
@@ -208,7 +224,9 @@ def _skipped(what: str, claim: Claim, job: Job, settings: Settings) -> Result:
             claim.skip_reason)
     else:
         age = f", heartbeat {claim.heartbeat_age:.1f}s ago" if claim.heartbeat_age else ""
-        say(f"{what}: skipped: held by {claim.owner} (attempt {claim.attempt}{age})",
+        promise = (f", stale after {claim.stale_after:g}s" if claim.stale_after is not None
+                   else "")
+        say(f"{what}: skipped: held by {claim.owner} (attempt {claim.attempt}{age}{promise})",
             settings, VERBOSE, claim.skip_reason)
     return Result(claim.skip_reason, settings.skipped_exit_code)
 
@@ -278,32 +296,48 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
     return Result(status, outcome.status)
 
 
+# How long a final write is retried past the lease's deadline: --stale-after, at least 30 s
+# and at most 10 minutes. The write is fenced (it names our attempt and a running row), so
+# trying longer is safe: until another attempt takes the row over, a write that lands records
+# what really happened and the period is not run again; after a takeover it matches no row.
+FINISH_GRACE_MIN, FINISH_GRACE_MAX = 30.0, 600.0
+
+
+def finish_grace(stale_after: float) -> float:
+    return max(FINISH_GRACE_MIN, min(FINISH_GRACE_MAX, stale_after))
+
+
 def _finish(ledger: Ledger, job: Job, key: str, claim: Claim, status: str,
             exit_code: int, outcome: str, lease: Lease,
             new_state: str | None = None) -> bool | None:
-    """Write the result, retrying on fresh connections until the lease's deadline.
+    """Write the result, retrying on fresh connections until the lease's deadline plus
+    finish_grace (a statement that gets no answer is left behind on its connection).
 
-    True: recorded. False: the row is no longer ours. None: the ledger stayed unreachable.
+    True: recorded (now, or by an earlier try whose answer was lost). False: the row is no
+    longer ours. None: the ledger stayed unreachable, or refused the statement.
     """
     from once.runner import NoAnswer
 
+    give_up = lease.deadline + finish_grace(job.stale_after)
     while True:
         try:
             # Waits for a renewal in flight, and gives up on a server that stopped answering.
             return lease.call(lambda: ledger.finish(
                 job.name, key, claim.attempt, "done" if status == "done" else "failed",
                 exit_code, outcome, new_state if status == "done" else None,
-                claim.state_version))
+                claim.state_version), until=give_up)
         except NoAnswer as exc:
             lease.last_error = str(exc)
             ledger.abandon()  # the statement still waits on the connection: never close it
-            return None
         except LedgerError as exc:
             lease.last_error = str(exc)
             ledger.close()
-            if lease.expired or not exc.transient:  # a refused statement stays refused
+            if not exc.transient:  # a refused statement stays refused
                 return None
-        time.sleep(min(1.0, max(0.0, lease.deadline - time.monotonic())))
+        left = give_up - lease.now()
+        if left <= 0:
+            return None
+        time.sleep(min(1.0, left))
 
 
 class StateFile:
@@ -427,7 +461,7 @@ def catch_up(ledger: Ledger, job: Job, periods: Sequence[Period], command: Seque
             if result.ok:
                 continue
             first_failure = first_failure or result.status or 1
-            if not keep_going or result.outcome == "unreachable":
+            if not keep_going or result.outcome in ("unreachable", "command-drift"):
                 break
     finally:
         progress.stop()

@@ -20,12 +20,13 @@ staleness. Every decision is fenced:
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -49,8 +50,21 @@ class LedgerError(Exception):
     transient = True
 
 
-class SchemaMissing(LedgerError):
-    """A table or column is missing: the schema needs creating or upgrading."""
+class ClockSkew(LedgerError):
+    """The host's clock and the database's disagree by more than --max-clock-skew: a period
+    computed from the host's clock could be the wrong one, so nothing was claimed (exit 75)."""
+
+    transient = False
+
+
+class CommandDrift(Exception):
+    """--require-same-command: the job's latest attempt ran another command line (exit 2).
+    Decided inside the claim, under the job row's lock, so that two hosts cannot both pass."""
+
+    def __init__(self, job: str, last: str, ours: str) -> None:
+        super().__init__(f"job {job} last ran a different command (fingerprint {last}, this "
+                         f"one {ours}): rename the job or drop --require-same-command")
+        self.last, self.ours = last, ours
 
 
 # -- where the ledger lives ------------------------------------------------------------------
@@ -195,6 +209,7 @@ class Claim:
     heartbeat_age: float | None = None  # skipped: seconds since its last heartbeat
     state: str | None = None  # won: the job's watermark as the claim found it
     state_version: int = 0  # won: its version, for the compare-and-set of the finish
+    stale_after: float | None = None  # skipped: the holder's own --stale-after (its promise)
 
     @property
     def skip_reason(self) -> str:
@@ -258,10 +273,18 @@ class Ledger:
 
     def claim(self, job: Job, key: str, start: datetime, end: datetime, owner: str,
               rerun: bool = False, reason: str | None = None,
-              command_hash: str | None = None) -> Claim:
+              command_hash: str | None = None, require_same_command: bool = False,
+              max_clock_skew: float = 0.0) -> Claim:
         """Insert `(job, key)` as running, or take it over; else say who holds it.
 
-        A won claim also carries the job's watermark (`--state`) as it stood.
+        A running row is taken over only when its heartbeat is older than the *owner's*
+        --stale-after (stored in the row by the claim that won it); the caller's own
+        --stale-after becomes the promise of the row it wins. A won claim also carries the
+        job's watermark (`--state`) as it stood.
+
+        Raises CommandDrift (--require-same-command) and ClockSkew (a server's clock and ours
+        disagree by more than max_clock_skew seconds; 0: not checked) before anything is
+        written.
         """
         params = {
             "job": job.name, "period": key, "owner": owner, "kind": job.kind,
@@ -270,8 +293,19 @@ class Ledger:
             "shards": job.shards, "period_start": self._time(start),
             "period_end": self._time(end), "rerun": rerun, "reason": reason,
             "command_hash": command_hash,
+            "require_same": bool(require_same_command and command_hash),
+            "max_skew": float(max_clock_skew),
         }
-        return self._with_schema(lambda: self._claim(params))
+
+        def attempt() -> Claim:
+            # Our clock is read as late as possible: the statement compares it with its own.
+            params["host_now"] = self._time(datetime.now(UTC))
+            return self._claim(params)
+
+        claim = self._with_schema(attempt)
+        if claim.status == "drift":
+            raise CommandDrift(job.name, claim.owner, command_hash or "")
+        return claim
 
     def renew(self, job: str, key: str, attempt: int) -> bool:
         """Refresh the heartbeat of our attempt; False when the row is no longer ours."""
@@ -295,8 +329,29 @@ class Ledger:
         with self._errors("cannot record the result in"):
             self.connect()
             if state is not None and status == "done":
-                return self._finish_with_state(params)
-            return self._finish(params)
+                written = self._finish_with_state(params)
+            else:
+                written = self._finish(params)
+            # A retried write whose first try committed though its answer was lost (a
+            # watchdog, a dropped connection) matches no running row: the row then says
+            # finished by our own attempt, and that is what the ledger holds.
+            recorded = written or self._finished_by(params) is not None
+        self.release(job, key)
+        return recorded
+
+    def release(self, job: str, key: str) -> None:
+        """Let go of a won period's liveness lock (SQLite) once its result is recorded or
+        lost; nothing elsewhere. Closing the ledger releases every lock it holds."""
+
+    FINISHED_BY = """
+        SELECT status FROM once_runs
+        WHERE job = %(job)s AND period = %(period)s AND attempt = %(attempt)s
+          AND status IN ('done', 'failed')"""
+
+    def _finished_by(self, params: dict[str, Any]) -> str | None:
+        """The status our attempt left in the row, if it finished it (None: not ours)."""
+        rows = self._fetch(self.FINISHED_BY, params)
+        return str(rows[0][0]) if rows else None
 
     def finish_on(self, connection: Any, job: str, key: str, attempt: int) -> bool:
         """Mark our attempt done on the caller's own connection, inside its open transaction
@@ -469,6 +524,7 @@ _SQLITE_NOW = "(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')"
 
 class SqliteLedger(Ledger):
     dialect = "sqlite"
+    _period_locks: _PeriodLocks | None = None
 
     UPSERT_JOB = f"""
         INSERT INTO once_jobs (job, fence, fires, kind, schedule, tz, lag, max_attempts,
@@ -485,25 +541,34 @@ class SqliteLedger(Ledger):
             last_fire_at = excluded.last_fire_at
         RETURNING fence, state, state_version"""
 
+    # A running row is stale by its owner's promise (once_runs.stale_after), never by ours;
+    # on SQLite the caller also holds the row's OS lock (see _PeriodLocks), so that a clock
+    # stepped forward cannot make a live owner look dead.
     CLAIM_RUN = f"""
         INSERT INTO once_runs (job, period, status, attempt, fence, owner, period_start,
-                               period_end, started_at, heartbeat_at)
+                               period_end, started_at, heartbeat_at, stale_after)
         VALUES (:job, :period, 'running', 1, :fence, :owner, :period_start, :period_end,
-                {_SQLITE_NOW}, {_SQLITE_NOW})
+                {_SQLITE_NOW}, {_SQLITE_NOW}, :stale_after)
         ON CONFLICT (job, period) DO UPDATE SET
             status = 'running', attempt = attempt + 1, fence = excluded.fence,
             owner = excluded.owner, started_at = excluded.started_at,
-            heartbeat_at = excluded.heartbeat_at, finished_at = NULL, exit_code = NULL
+            heartbeat_at = excluded.heartbeat_at, finished_at = NULL, exit_code = NULL,
+            stale_after = excluded.stale_after
         WHERE (status = 'failed' AND attempt < :max_attempts)
            OR (status = 'running' AND heartbeat_at <
-               strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || :stale_after || ' seconds') || '000')
+               strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || stale_after || ' seconds') || '000')
            OR (:rerun AND status IN ('done', 'failed'))
         RETURNING attempt, fence, started_at"""
 
     HOLDER = """
         SELECT status, attempt, fence, owner,
-               (julianday('now') - julianday(heartbeat_at)) * 86400.0
+               (julianday('now') - julianday(heartbeat_at)) * 86400.0, stale_after
         FROM once_runs WHERE job = :job AND period = :period"""
+
+    LAST_COMMAND_LOCKED = """
+        SELECT command_hash FROM once_attempts
+        WHERE job = :job AND command_hash IS NOT NULL
+        ORDER BY started_at DESC LIMIT 1"""
 
     LOG_ATTEMPT = """
         INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at, reason,
@@ -566,18 +631,53 @@ class SqliteLedger(Ledger):
         cur.execute("COMMIT")
 
     def _claim(self, params: dict[str, Any]) -> Claim:
+        # One host, one clock: SQLite's 'now' is ours, so there is no skew to check.
         params = {**params, "rerun": int(params["rerun"])}
+        key = (params["job"], params["period"])
+        if not self._locks().acquire(key, patient=bool(params["rerun"])):
+            # A live process holds (or is claiming) the period: nothing can be won from it.
+            with self._transaction() as cur:
+                return _holder(cur.execute(self.HOLDER, params).fetchone())
+        try:
+            claim = self._claim_locked(params)
+        except BaseException:
+            self._locks().release(key)
+            raise
+        if not claim.won:
+            self._locks().release(key)
+        return claim
+
+    def _claim_locked(self, params: dict[str, Any]) -> Claim:
         with self._transaction() as cur:
+            if params["require_same"]:
+                last = cur.execute(self.LAST_COMMAND_LOCKED, params).fetchone()
+                if last is not None and last[0] != params["command_hash"]:
+                    return Claim(False, 0, 0, "drift", last[0])
             fence, state, version = cur.execute(self.UPSERT_JOB, params).fetchone()
             row = cur.execute(self.CLAIM_RUN, {**params, "fence": fence}).fetchone()
             if row is None:
-                status, attempt, held_fence, owner, age = cur.execute(
-                    self.HOLDER, params).fetchone()
-                return Claim(False, attempt, held_fence, status, owner, age)
+                return _holder(cur.execute(self.HOLDER, params).fetchone())
             attempt, fence, started_at = row
             cur.execute(self.LOG_ATTEMPT, {**params, "attempt": attempt, "fence": fence,
                                            "started_at": started_at})
         return Claim(True, attempt, fence, state=state, state_version=version)
+
+    def _locks(self) -> _PeriodLocks:
+        if self._period_locks is None:
+            self._period_locks = _PeriodLocks(self.target.path)
+        return self._period_locks
+
+    def release(self, job: str, key: str) -> None:
+        if self._period_locks is not None:
+            self._period_locks.release((job, key))
+
+    def __exit__(self, *exc: object) -> None:
+        # close() only drops a connection (a dead one is dropped mid-run, the period still
+        # ours); the locks go when the ledger does.
+        super().__exit__(*exc)
+        locks, self._period_locks = self._period_locks, None
+        if locks is not None:
+            locks.close()
 
     def _renew(self, params: dict[str, Any]) -> bool:
         with self._transaction() as cur:
@@ -636,22 +736,128 @@ class SqliteLedger(Ledger):
         return "no such table" in text or "no such column" in text or "has no column" in text
 
 
+def _skew(params: dict[str, Any], db_minus_host: float) -> ClockSkew:
+    """The one-line refusal of a claim whose host clock disagrees with the database's."""
+    host = params["host_now"]
+    host = host if isinstance(host, datetime) else datetime.fromisoformat(str(host))
+    host = host.replace(tzinfo=UTC) if host.tzinfo is None else host.astimezone(UTC)
+    database = host + timedelta(seconds=db_minus_host)
+    return ClockSkew(
+        f"this host's clock ({host:%Y-%m-%d %H:%M:%S} UTC) and the database's "
+        f"({database:%Y-%m-%d %H:%M:%S} UTC) disagree by {abs(db_minus_host):.0f}s, more than "
+        f"--max-clock-skew {params['max_skew']:g}s: the period would be computed from a wrong "
+        f"clock, so nothing was claimed; fix the host's clock (NTP)")
+
+
+def _holder(row: tuple[Any, ...] | None) -> Claim:
+    """A lost claim, as the row that beat it stood (None: a claimer we cannot see yet)."""
+    if row is None:
+        return Claim(False, 0, 0, "running", "another process", 0.0)
+    status, attempt, fence, owner, age, stale_after = row
+    return Claim(False, attempt, fence, status, owner, None if age is None else float(age),
+                 stale_after=None if stale_after is None else float(stale_after))
+
+
+class _PeriodLocks:
+    """SQLite's liveness signal that no clock can fake: an OS lock per (job, period).
+
+    On one host the ledger's clock is the host's, so a clock stepped forward (NTP, a resume)
+    would make every live owner look stale. The process that wins a SQLite row holds a lock on
+    it until it has recorded the result, and a claim can win a row only while holding that
+    lock: a live owner's row is never taken over, whatever the clock says, and the lock goes
+    with its process when it dies.
+
+    The locks are Linux open-file-description locks (F_OFD_SETLK) on one byte each of a file
+    beside the ledger (`ledger.db.locks`, never written), at an offset hashed from the key:
+    released when the holder closes the file or dies, shared with its forked children (the
+    guard), and never confused between two ledgers of one process. Elsewhere (no OFD locks)
+    staleness is judged by the clock alone.
+    """
+
+    def __init__(self, ledger_path: str) -> None:
+        import fcntl
+
+        self._set: int = getattr(fcntl, "F_OFD_SETLK", -1)
+        self._held: set[tuple[str, str]] = set()
+        self._fd = -1
+        if self._set < 0 or ledger_path == ":memory:":
+            return
+        try:
+            mode = os.stat(ledger_path).st_mode & 0o666
+        except OSError:
+            mode = 0o600
+        self._fd = os.open(ledger_path + ".locks", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+
+    def acquire(self, key: tuple[str, str], patient: bool = False) -> bool:
+        """Take the key's lock now (patient: keep trying for a second, for a rerun that
+        should not be refused because a no-op fire holds the lock for a few milliseconds)."""
+        if self._fd < 0:
+            return True
+        give_up = time.monotonic() + (1.0 if patient else 0.0)
+        while not self._lock(key, True):
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(0.02)  # an OS lock has no event to wait on with a time limit
+        self._held.add(key)
+        return True
+
+    def release(self, key: tuple[str, str]) -> None:
+        if key in self._held:
+            self._held.discard(key)
+            self._lock(key, False)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        self._held.clear()
+        if fd >= 0:
+            os.close(fd)  # releases every lock this description holds
+
+    def _lock(self, key: tuple[str, str], take: bool) -> bool:
+        import fcntl
+        import struct
+        import zlib
+
+        data = "\0".join(key).encode("utf-8", "surrogateescape")
+        # 62 bits from two CRCs (zlib costs a tenth of hashlib's import on every fire).
+        offset = ((zlib.crc32(data) << 30) ^ zlib.crc32(data[::-1] + b"once")) & (2**62 - 1)
+        kind = fcntl.F_WRLCK if take else fcntl.F_UNLCK
+        # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks).
+        request = struct.pack("@hhqqi0q", kind, os.SEEK_SET, offset, 1, 0)
+        try:
+            fcntl.fcntl(self._fd, self._set, request)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        return True
+
+
 # -- PostgreSQL --------------------------------------------------------------------------------
 
 
 class PostgresLedger(Ledger):
     dialect = "postgresql"
 
-    # One statement, one round trip: bump the job's fence, insert or take over the run row,
-    # log the attempt; when nothing was won, report the row as it stood.
+    # One statement, one round trip: compare the clocks, bump the job's fence, insert or take
+    # over the run row, log the attempt; when nothing was won, report the row as it stands.
+    # Every part reads the row's newest version: ON CONFLICT sees it whatever the statement's
+    # snapshot, and the holder is read FOR SHARE (after the job row's lock, which serialises
+    # the job's claims), which in READ COMMITTED follows the row to its latest committed
+    # version. A plain read would report the row as it stood before a concurrent claim (a
+    # rerun refused as "done by attempt 1").
     CLAIM = """
-        WITH job AS (
+        WITH clock AS (
+            SELECT %(max_skew)s = 0
+                   OR abs(extract(epoch FROM clock_timestamp() - %(host_now)s)) <= %(max_skew)s
+                   AS ok
+        ), job AS (
             INSERT INTO once_jobs AS j (job, fence, fires, kind, schedule, tz, lag, max_attempts,
                                         stale_after, shards, first_period_start, created_at,
                                         last_fire_at)
-            VALUES (%(job)s, 1, 1, %(kind)s, %(schedule)s, %(tz)s, %(lag)s, %(max_attempts)s,
-                    %(stale_after)s, %(shards)s, %(period_start)s, clock_timestamp(),
-                    clock_timestamp())
+            SELECT %(job)s, 1, 1, %(kind)s, %(schedule)s, %(tz)s, %(lag)s, %(max_attempts)s,
+                   %(stale_after)s, %(shards)s, %(period_start)s, clock_timestamp(),
+                   clock_timestamp()
+            FROM clock WHERE clock.ok
             ON CONFLICT (job) DO UPDATE SET
                 fence = j.fence + 1, fires = j.fires + 1, kind = excluded.kind,
                 schedule = excluded.schedule, tz = excluded.tz, lag = excluded.lag,
@@ -662,17 +868,18 @@ class PostgresLedger(Ledger):
             RETURNING fence, state, state_version
         ), won AS (
             INSERT INTO once_runs AS r (job, period, status, attempt, fence, owner, period_start,
-                                        period_end, started_at, heartbeat_at)
+                                        period_end, started_at, heartbeat_at, stale_after)
             SELECT %(job)s, %(period)s, 'running', 1, job.fence, %(owner)s, %(period_start)s,
-                   %(period_end)s, clock_timestamp(), clock_timestamp()
+                   %(period_end)s, clock_timestamp(), clock_timestamp(), %(stale_after)s
             FROM job
             ON CONFLICT (job, period) DO UPDATE SET
                 status = 'running', attempt = r.attempt + 1, fence = excluded.fence,
                 owner = excluded.owner, started_at = excluded.started_at,
-                heartbeat_at = excluded.heartbeat_at, finished_at = NULL, exit_code = NULL
+                heartbeat_at = excluded.heartbeat_at, finished_at = NULL, exit_code = NULL,
+                stale_after = excluded.stale_after
             WHERE (r.status = 'failed' AND r.attempt < %(max_attempts)s)
                OR (r.status = 'running'
-                   AND r.heartbeat_at < clock_timestamp() - make_interval(secs => %(stale_after)s))
+                   AND r.heartbeat_at < clock_timestamp() - make_interval(secs => r.stale_after))
                OR (%(rerun)s AND r.status IN ('done', 'failed'))
             RETURNING r.attempt, r.fence, r.started_at
         ), logged AS (
@@ -681,15 +888,25 @@ class PostgresLedger(Ledger):
             SELECT %(job)s, %(period)s, attempt, fence, %(owner)s, 'running', started_at,
                    %(reason)s, %(command_hash)s
             FROM won
+        ), holder AS (
+            SELECT r.attempt, r.fence, r.status, r.owner,
+                   extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8 AS age,
+                   r.stale_after
+            FROM once_runs r, job
+            WHERE r.job = %(job)s AND r.period = %(period)s AND NOT EXISTS (SELECT FROM won)
+            FOR SHARE OF r
         )
-        SELECT true, attempt, won.fence, 'running', %(owner)s, 0.0, job.state,
-               job.state_version
+        SELECT 'won', attempt, won.fence, 'running', %(owner)s, 0.0::float8, job.state,
+               job.state_version, NULL::float8
         FROM won, job
         UNION ALL
-        SELECT false, r.attempt, r.fence, r.status, r.owner,
-               extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8, NULL, 0
-        FROM once_runs r
-        WHERE r.job = %(job)s AND r.period = %(period)s AND NOT EXISTS (SELECT FROM won)"""
+        SELECT 'lost', attempt, fence, status, owner, age, NULL, 0, stale_after FROM holder
+        UNION ALL
+        SELECT 'skew', 0, 0, '', '', extract(epoch FROM clock_timestamp() - %(host_now)s)::float8,
+               NULL, 0, NULL
+        FROM clock WHERE NOT clock.ok"""
+
+    LOCK_JOB = "SELECT 1 FROM once_jobs WHERE job = %(job)s FOR UPDATE"
 
     RENEW = """
         UPDATE once_runs SET heartbeat_at = clock_timestamp()
@@ -765,11 +982,27 @@ class PostgresLedger(Ledger):
         )
 
     def _claim(self, params: dict[str, Any]) -> Claim:
-        row = self._execute(self.CLAIM, params).fetchone()
+        if not params["require_same"]:
+            return self._answer(self._execute(self.CLAIM, params).fetchone(), params)
+        # --require-same-command: take the job row's lock first, so that every claim of the
+        # job that committed before is visible to the next statement, and decide the drift
+        # before the claim, in one transaction with it (only this flag pays the round trips).
+        with self._conn.transaction():
+            self._execute(self.LOCK_JOB, params)
+            last = self._execute(self.LAST_COMMAND, params).fetchone()
+            if last is not None and last[0] != params["command_hash"]:
+                return Claim(False, 0, 0, "drift", last[0])
+            return self._answer(self._execute(self.CLAIM, params).fetchone(), params)
+
+    def _answer(self, row: tuple[Any, ...] | None, params: dict[str, Any]) -> Claim:
         if row is None:  # the row was inserted by a claimer our snapshot cannot see yet
-            return Claim(False, 0, 0, "running", "another process", 0.0)
-        won, attempt, fence, status, owner, age, state, version = row
-        return Claim(won, attempt, fence, status, owner, age, state, version)
+            return _holder(None)
+        what, attempt, fence, status, owner, age, state, version, stale_after = row
+        if what == "skew":
+            raise _skew(params, age)
+        if what == "lost":
+            return _holder((status, attempt, fence, owner, age, stale_after))
+        return Claim(True, attempt, fence, status, owner, age, state, version)
 
     def _renew(self, params: dict[str, Any]) -> bool:
         return bool(self._execute(self.RENEW, params).rowcount == 1)
@@ -842,25 +1075,35 @@ class MysqlLedger(Ledger):
 
     INSERT_RUN = f"""
         INSERT INTO once_runs (job, period, status, attempt, fence, owner, period_start,
-                               period_end, started_at, heartbeat_at)
+                               period_end, started_at, heartbeat_at, stale_after)
         VALUES (%(job)s, %(period)s, 'running', 1, %(fence)s, %(owner)s, %(period_start)s,
-                %(period_end)s, {_MY_NOW}, {_MY_NOW})"""
+                %(period_end)s, {_MY_NOW}, {_MY_NOW}, %(stale_after)s)"""
 
+    # Stale by the owner's promise (the row's stale_after, as the WHERE clause reads the row
+    # before the update), never by ours.
     TAKE_OVER = f"""
         UPDATE once_runs SET
             attempt = LAST_INSERT_ID(attempt + 1), status = 'running', fence = %(fence)s,
             owner = %(owner)s, started_at = {_MY_NOW}, heartbeat_at = {_MY_NOW},
-            finished_at = NULL, exit_code = NULL
+            finished_at = NULL, exit_code = NULL, stale_after = %(stale_after)s
         WHERE job = %(job)s AND period = %(period)s
           AND ((status = 'failed' AND attempt < %(max_attempts)s)
             OR (status = 'running'
-                AND heartbeat_at < {_MY_NOW} - INTERVAL %(stale_us)s MICROSECOND)
+                AND heartbeat_at < {_MY_NOW} - INTERVAL ROUND(stale_after * 1000000) MICROSECOND)
             OR (%(rerun)s AND status IN ('done', 'failed')))"""
 
     HOLDER = f"""
         SELECT status, attempt, fence, owner,
-               TIMESTAMPDIFF(MICROSECOND, heartbeat_at, {_MY_NOW}) / 1e6
+               TIMESTAMPDIFF(MICROSECOND, heartbeat_at, {_MY_NOW}) / 1e6, stale_after
         FROM once_runs WHERE job = %(job)s AND period = %(period)s"""
+
+    # Our clock minus the server's, in seconds (--max-clock-skew).
+    SKEW = f"SELECT TIMESTAMPDIFF(MICROSECOND, %(host_now)s, {_MY_NOW}) / 1e6"
+
+    LOCK_JOB = "SELECT fence FROM once_jobs WHERE job = %(job)s FOR UPDATE"
+
+    # A locking read sees the newest committed attempt, whatever the transaction's snapshot.
+    LAST_COMMAND_LOCKED = Ledger.LAST_COMMAND + " LOCK IN SHARE MODE"
 
     LOG_ATTEMPT = """
         INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at, reason,
@@ -920,8 +1163,7 @@ class MysqlLedger(Ledger):
         )
 
     def _claim(self, params: dict[str, Any]) -> Claim:
-        params = {**params, "rerun": int(params["rerun"]),
-                  "stale_us": int(params["stale_after"] * 1e6)}
+        params = {**params, "rerun": int(params["rerun"])}
         for attempt in range(5):
             try:
                 return self._claim_once(params)
@@ -934,6 +1176,21 @@ class MysqlLedger(Ledger):
 
     def _claim_once(self, params: dict[str, Any]) -> Claim:
         cur = self._conn.cursor()
+        if params["max_skew"]:
+            cur.execute(self.SKEW, params)
+            (db_minus_host,) = cur.fetchone()
+            if abs(float(db_minus_host)) > params["max_skew"]:
+                self._conn.rollback()
+                raise _skew(params, float(db_minus_host))
+        if params["require_same"]:
+            # The job row's lock first: every claim of the job serialises on it, so the
+            # newest attempt read next is the newest there is, until our commit.
+            cur.execute(self.LOCK_JOB, params)
+            cur.execute(self.LAST_COMMAND_LOCKED, params)
+            last = cur.fetchone()
+            if last is not None and last[0] != params["command_hash"]:
+                self._conn.rollback()
+                return Claim(False, 0, 0, "drift", last[0])
         cur.execute(self.UPSERT_JOB, params)
         fence = cur.lastrowid
         params = {**params, "fence": fence}
@@ -947,9 +1204,9 @@ class MysqlLedger(Ledger):
                 raise
             if cur.execute(self.TAKE_OVER, params) != 1:
                 cur.execute(self.HOLDER, params)
-                status, attempt, held_fence, owner, age = cur.fetchone()
+                held = cur.fetchone()
                 self._conn.commit()
-                return Claim(False, attempt, held_fence, status, owner, float(age))
+                return _holder(held)
             attempt = cur.lastrowid
         cur.execute(self.LOG_ATTEMPT, params)
         cur.execute(self.LOCK_STATE, params)  # the job row is ours until the commit anyway

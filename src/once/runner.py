@@ -100,15 +100,22 @@ class Lease:
             self.lost = True
         return ours
 
-    def call(self, action: Callable[[], T]) -> T:
-        """Run one ledger statement under the lock; raise NoAnswer at the deadline.
+    @staticmethod
+    def now() -> float:
+        """The clock of every lease deadline."""
+        return time.monotonic()
+
+    def call(self, action: Callable[[], T], until: float | None = None) -> T:
+        """Run one ledger statement under the lock; raise NoAnswer at `until` (default: the
+        deadline).
 
         A driver may wait for ever on a server that stopped answering (psycopg has no
         client-side statement timeout): the statement then runs on a helper thread, which is
-        left behind. Past the deadline it still gets a short wait of its own.
+        left behind. Past `until` it still gets a short wait of its own.
         """
         floor = max(1.0, min(10.0, self.interval))
-        if not self.lock.acquire(timeout=max(floor, self.deadline - time.monotonic())):
+        limit = self.deadline if until is None else until
+        if not self.lock.acquire(timeout=max(floor, limit - time.monotonic())):
             raise NoAnswer("a renewal got no answer from the ledger")
         box: list[T] = []
         error: list[BaseException] = []
@@ -123,7 +130,7 @@ class Lease:
 
         worker = threading.Thread(target=work, daemon=True)
         worker.start()
-        worker.join(max(floor, self.deadline - time.monotonic()))
+        worker.join(max(floor, limit - time.monotonic()))
         if worker.is_alive():
             raise NoAnswer("the final write got no answer from the ledger")
         if error:

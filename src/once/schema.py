@@ -39,7 +39,7 @@ from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 
 from once.ledger import LedgerError, Target, describe
 
-SCHEMA_VERSION = 2  # 2: shards, state, state_version, command_hash
+SCHEMA_VERSION = 3  # 2: shards, state, state_version, command_hash; 3: once_runs.stale_after
 
 # Times are UTC instants: timestamptz on PostgreSQL, DATETIME(6) (UTC by convention, written
 # with UTC_TIMESTAMP(6)) on MySQL/MariaDB, ISO text on SQLite.
@@ -65,6 +65,11 @@ runs = Table(
     Column("heartbeat_at", UtcTime, nullable=False),
     Column("finished_at", UtcTime, nullable=True),
     Column("exit_code", Integer, nullable=True),
+    # The owner's promise: how long (seconds) the attempt that holds the row may go without a
+    # heartbeat before it counts as dead. Written by the claim that won the row; every takeover
+    # and every report judges the row by it, never by the caller's own --stale-after. Rows of
+    # an older ledger get the default --stale-after.
+    Column("stale_after", Float, nullable=False, server_default="300"),
     # Reports count each job's done rows in its due range, and find its latest done period,
     # from this index alone (once status / once check over 1M rows).
     Index("once_runs_job_status_start", "job", "status", "period_start"),
