@@ -48,6 +48,19 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # generic since clic
 DURATION = Duration()
 
 
+class DurationOrOff(Duration):
+    """A duration, or 0 / off: the check it bounds is not made."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        if str(value).strip().lower() in ("0", "off"):
+            return 0.0
+        return super().convert(value, param, ctx)
+
+
+DURATION_OR_OFF = DurationOrOff()
+
+
 def ledger_options(func: F) -> F:
     """--db, --db-password-file, --tz and --namespace, each also read from the environment."""
     options = [
@@ -123,9 +136,10 @@ def cli() -> None:
 def clock_option(func: F) -> F:
     """--max-clock-skew, for every command that claims (run, catchup, rerun)."""
     return click.option(
-        "--max-clock-skew", default="1m", show_default=True, type=DURATION,
+        "--max-clock-skew", default="1m", show_default=True, type=DURATION_OR_OFF,
         help="Refuse to claim (exit 75) when the database's clock and this host's disagree "
-             "by more than this: the period comes from this host's clock. 0: never check. "
+             "by more than this: the period comes from this host's clock. 0 or off: never "
+             "check. "
              "A SQLite ledger has no clock of its own: not checked there.")(func)
 
 

@@ -634,12 +634,11 @@ class SqliteLedger(Ledger):
         # One host, one clock: SQLite's 'now' is ours, so there is no skew to check.
         params = {**params, "rerun": int(params["rerun"])}
         key = (params["job"], params["period"])
-        if not self._locks().acquire(key, patient=bool(params["rerun"])):
-            # A live process holds (or is claiming) the period: nothing can be won from it.
-            with self._transaction() as cur:
-                return _holder(cur.execute(self.HOLDER, params).fetchone())
+        # Without the period's lock a live process holds (or is claiming) it: the claim is
+        # made and counted, but nothing can be won.
+        locked = self._locks().acquire(key, patient=bool(params["rerun"]))
         try:
-            claim = self._claim_locked(params)
+            claim = self._claim_in_transaction(params, can_win=locked)
         except BaseException:
             self._locks().release(key)
             raise
@@ -647,14 +646,15 @@ class SqliteLedger(Ledger):
             self._locks().release(key)
         return claim
 
-    def _claim_locked(self, params: dict[str, Any]) -> Claim:
+    def _claim_in_transaction(self, params: dict[str, Any], can_win: bool) -> Claim:
         with self._transaction() as cur:
             if params["require_same"]:
                 last = cur.execute(self.LAST_COMMAND_LOCKED, params).fetchone()
                 if last is not None and last[0] != params["command_hash"]:
                     return Claim(False, 0, 0, "drift", last[0])
             fence, state, version = cur.execute(self.UPSERT_JOB, params).fetchone()
-            row = cur.execute(self.CLAIM_RUN, {**params, "fence": fence}).fetchone()
+            row = (cur.execute(self.CLAIM_RUN, {**params, "fence": fence}).fetchone()
+                   if can_win else None)
             if row is None:
                 return _holder(cur.execute(self.HOLDER, params).fetchone())
             attempt, fence, started_at = row

@@ -204,6 +204,7 @@ class RunRow:
     heartbeat_at: datetime
     finished_at: datetime | None
     exit_code: int | None
+    stale_after: float = 300.0  # the owner's promise: a running row is stale past it
 
     @classmethod
     def of(cls, row: Any) -> RunRow:
@@ -212,7 +213,7 @@ class RunRow:
                    _utc(m["period_start"]), _utc(m["period_end"]), _utc(m["started_at"]),
                    _utc(m["heartbeat_at"]),
                    _utc(m["finished_at"]) if m["finished_at"] is not None else None,
-                   m["exit_code"])
+                   m["exit_code"], float(m["stale_after"]))
 
     @property
     def duration(self) -> float | None:
@@ -226,7 +227,8 @@ Unit = tuple[datetime, str]
 
 _RUN_COLUMNS = (runs.c.job, runs.c.period, runs.c.status, runs.c.attempt, runs.c.fence,
                 runs.c.owner, runs.c.period_start, runs.c.period_end, runs.c.started_at,
-                runs.c.heartbeat_at, runs.c.finished_at, runs.c.exit_code)
+                runs.c.heartbeat_at, runs.c.finished_at, runs.c.exit_code,
+                runs.c.stale_after)
 
 
 @dataclass
@@ -276,7 +278,8 @@ class JobState:
         return (self.now - row.heartbeat_at).total_seconds()
 
     def is_stale(self, row: RunRow) -> bool:
-        return row.status == "running" and self.heartbeat_age(row) > self.stale_after
+        """Judged by the row's own promise (its owner's --stale-after), as a takeover is."""
+        return row.status == "running" and self.heartbeat_age(row) > row.stale_after
 
     @property
     def running(self) -> list[RunRow]:
@@ -687,7 +690,7 @@ def status_object(s: JobState) -> dict[str, Any]:
             {"period": r.period, "attempt": r.attempt, "fence": r.fence, "owner": r.owner,
              "started_at": at(r.started_at), "heartbeat_at": at(r.heartbeat_at),
              "heartbeat_age_s": _round(s.heartbeat_age(r)), "stale": s.is_stale(r),
-             "due": s.due(r)}
+             "stale_after_s": r.stale_after, "due": s.due(r)}
             for r in s.running
         ],
         "failed": len(s.failed),
@@ -812,7 +815,7 @@ def _stale_finding(s: JobState, r: RunRow) -> Finding:
     age = s.heartbeat_age(r)
     due = s.due(r)
     detail = (f"owner {r.owner}, attempt {r.attempt}, heartbeat {_age(age)} ago, "
-              f"stale after {_age(s.stale_after)}")
+              f"stale after {_age(r.stale_after)}")
     return Finding(CRITICAL if due else WARNING, s.name, r.period, "stale", detail,
                    {"owner": r.owner, "attempt": r.attempt, "heartbeat_age_s": _round(age),
                     "due": due}, at=r.period_start)
@@ -855,8 +858,7 @@ def history(target: Target, stored_job: str, limit: int, as_json: bool,
         tz: Any = _zone(job.tz)
     except SpecError:
         tz = UTC
-    entries = [_attempt_entry(r, holders.get(r.period), float(job.stale_after), now, tz)
-               for r in rows]
+    entries = [_attempt_entry(r, holders.get(r.period), now, tz) for r in rows]
     if as_json:
         _print(json.dumps(entries, indent=2))
     else:
@@ -880,7 +882,7 @@ def _holders(conn: Connection, job: str, periods: set[str]) -> dict[str, RunRow]
     return found
 
 
-def _attempt_entry(row: Any, holder: RunRow | None, stale_after: float, now: datetime,
+def _attempt_entry(row: Any, holder: RunRow | None, now: datetime,
                    tz: Any) -> dict[str, Any]:
     started = _utc(row.started_at)
     finished = _utc(row.finished_at) if row.finished_at is not None else None
@@ -888,7 +890,7 @@ def _attempt_entry(row: Any, holder: RunRow | None, stale_after: float, now: dat
     if row.status == "running":
         if holder is not None and holder.attempt == row.attempt and holder.status == "running":
             age = (now - holder.heartbeat_at).total_seconds()
-            outcome = "stale" if age > stale_after else "running"
+            outcome = "stale" if age > holder.stale_after else "running"
         else:
             outcome = "taken-over"  # a later attempt or a rerun took the row; never finished
     return {
@@ -1220,7 +1222,8 @@ def _timelines(target: Target, states: Sequence[JobState],
             while len(shown) < count and _utc(shown[-1].start) > first:
                 shown.append(s.sched.previous(shown[-1]))  # not before the job's first period
             shown.reverse()
-            query = select(runs.c.period, runs.c.status, runs.c.heartbeat_at).where(
+            query = select(runs.c.period, runs.c.status, runs.c.heartbeat_at,
+                           runs.c.stale_after).where(
                 runs.c.job == s.name,
                 runs.c.period_start >= _bind(target, shown[0].start),
                 runs.c.period_start < _bind(target, shown[-1].end))
@@ -1240,7 +1243,7 @@ def _cell(s: JobState, period: Period, rows: list[Any]) -> str:
     for row in rows:
         if row.status == "running":
             age = (s.now - _utc(row.heartbeat_at)).total_seconds()
-            states.add("stale" if age > s.stale_after else "running")
+            states.add("stale" if age > float(row.stale_after) else "running")
         else:
             states.add(str(row.status))
     if len(rows) < s.shards:
