@@ -22,17 +22,18 @@ ours, so that the caller rolls its transaction back.
 
 from __future__ import annotations
 
+import os
 import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from once import core
-from once.ledger import Claim, Job, Ledger, LedgerError, default_url, open_ledger, parse_url
+from once.ledger import Job, Ledger, LedgerError, default_url, open_ledger, parse_url
 from once.periods import Period, schedule
+from once.runner import Lease
 
 
 class FencedOut(Exception):
@@ -49,10 +50,15 @@ class Run:
     attempt: int
     fence: int
     skip_reason: str = ""
-    lost: bool = False
     finished: bool = False
     _ledger: Ledger | None = field(default=None, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _lease: Lease | None = field(default=None, repr=False)
+
+    @property
+    def lost(self) -> bool:
+        """The claim was taken over, or its deadline passed without a renewal (another
+        attempt may take it over from then on)."""
+        return self._lease is not None and (self._lease.lost or self._lease.expired)
 
     def check(self) -> None:
         """Raise FencedOut when the claim has been lost: call it before each side effect."""
@@ -64,8 +70,8 @@ class Run:
 
         Raises FencedOut when the row is no longer ours (then roll back).
         """
-        assert self._ledger is not None and self.won
-        with self._lock:
+        assert self._ledger is not None and self._lease is not None and self.won
+        with self._lease.lock:  # no renewal on our connection meanwhile
             if not self._ledger.finish_on(connection, self.job, self.period.key, self.attempt):
                 raise FencedOut(f"{self.job} {self.period.key}: the claim was lost")
             self.finished = True
@@ -75,68 +81,88 @@ class Run:
 def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: str = "UTC",
           db: str | None = None, lag: int = 0, stale_after: float = 300.0,
           max_attempts: int = 3, namespace: str | None = None,
+          max_clock_skew: float = core.DEFAULT_MAX_CLOCK_SKEW,
           now: datetime | None = None) -> Iterator[Run]:
-    """Claim the current period of job (as `once run` would) for the duration of the block."""
+    """Claim the current period of job (as `once run` would) for the duration of the block.
+
+    The claim, its heartbeat (runner.Lease: the same deadline rule as `once run`) and its
+    finish (core.record_result: retried, fenced, recognising a write whose answer was lost)
+    are the command line's own. A process forked inside the block never finishes, renews or
+    closes the parent's claim: only the process that claimed does.
+    """
     sched = schedule(every, cron, tz)
     name = f"{namespace}:{job}" if namespace else job
     the_job = Job(name, sched.kind, sched.spec, sched.tz_name, lag, max_attempts, stale_after)
     period = core.current_period(sched, lag, now or datetime.now(UTC))
-    with open_ledger(parse_url(db or default_url()),
-                     timeout=max(1.0, min(10.0, stale_after / 3))) as ledger:
-        sent = time.monotonic()
-        won = ledger.claim(the_job, period.key, period.start, period.end, core.default_owner())
+    ledger = open_ledger(parse_url(db or default_url()),
+                         timeout=core.statement_timeout(stale_after))
+    claimer = os.getpid()
+    try:
+        sent = Lease.now()
+        won = ledger.claim(the_job, period.key, period.start, period.end, core.default_owner(),
+                           max_clock_skew=max_clock_skew)
         run = Run(name, period, won.won, won.attempt, won.fence,
                   "" if won.won else won.skip_reason, _ledger=ledger)
         if not won.won:
             yield run
             return
-        with _heartbeat(run, ledger, the_job, won, sent):
+        run._lease = Lease(_renewal(run, ledger), stale_after, sent)
+        with _heartbeat(run._lease):
             try:
                 yield run
             except BaseException:
-                _finish(run, ledger, "failed", 1)
+                if os.getpid() == claimer:
+                    _finish(run, ledger, the_job, won, "failed", 1)
                 raise
-        if not run.finished:
-            _finish(run, ledger, "done", 0)
+        if os.getpid() == claimer and not run.finished:
+            _finish(run, ledger, the_job, won, "done", 0)
+    finally:
+        if os.getpid() == claimer:
+            ledger.__exit__(None, None, None)
+        else:
+            ledger.abandon()  # the parent's connection: closing it here would end it there
+
+
+def _renewal(run: Run, ledger: Ledger) -> Any:
+    def renew() -> bool:
+        if run.finished:  # finish_in marked it: nothing left to keep alive
+            return True
+        try:
+            return ledger.renew(run.job, run.period.key, run.attempt)
+        except LedgerError:
+            ledger.close()  # the next renewal opens a fresh connection
+            raise
+
+    return renew
 
 
 @contextmanager
-def _heartbeat(run: Run, ledger: Ledger, job: Job, won: Claim, sent: float) -> Iterator[None]:
+def _heartbeat(lease: Lease) -> Iterator[None]:
     stop = threading.Event()
-    deadline = [sent + job.stale_after]
-
-    def beat() -> None:
-        while not stop.wait(job.stale_after / 3):
-            began = time.monotonic()
-            try:
-                with run._lock:
-                    if run.finished:
-                        return
-                    ours = ledger.renew(run.job, run.period.key, run.attempt)
-            except LedgerError:
-                ledger.close()
-                ours = None
-            if ours:
-                deadline[0] = began + job.stale_after
-            elif ours is False or time.monotonic() >= deadline[0]:
-                run.lost = True
-                return
-
-    thread = threading.Thread(target=beat, daemon=True)
+    thread = threading.Thread(target=lease.keep_alive, args=(stop,), daemon=True)
     thread.start()
     try:
         yield
     finally:
         stop.set()
-        thread.join()
+        with suppress(RuntimeError):  # a forked child has no such thread
+            thread.join()
 
 
-def _finish(run: Run, ledger: Ledger, status: str, exit_code: int) -> None:
-    if run.lost:
+def _finish(run: Run, ledger: Ledger, job: Job, won: Any, status: str, exit_code: int) -> None:
+    lease = run._lease
+    assert lease is not None
+    # Past the deadline the block has already run: the fenced write below still records it
+    # if nobody took the row over meanwhile, and matches no row if somebody did.
+    if lease.lost:
+        ledger.release(run.job, run.period.key)
         raise FencedOut(f"{run.job} {run.period.key}: the claim was lost; nothing recorded")
-    with run._lock:
-        ours = ledger.finish(run.job, run.period.key, run.attempt,
-                             "done" if status == "done" else "failed", exit_code, status)
-        run.finished = True
-    if not ours:
+    recorded = core.record_result(ledger, job, run.period.key, won, status, exit_code, status,
+                                  lease)
+    run.finished = True
+    if recorded is None:
+        raise LedgerError(f"{run.job} {run.period.key}: the result ({status}) could not be "
+                          f"recorded ({lease.last_error}); the period will be retried once "
+                          f"its claim goes stale")
+    if not recorded:
         raise FencedOut(f"{run.job} {run.period.key}: the final write matched no row")

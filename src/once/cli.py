@@ -360,10 +360,10 @@ def open_target(db: str | None, password_file: str | None) -> Any:
 
 
 def ledger_for(target: Any, stale_after: float = 300.0) -> Any:
+    from once.core import statement_timeout
     from once.ledger import open_ledger
 
-    # Every connect and statement times out well below --stale-after, so nothing hangs.
-    return open_ledger(target, timeout=max(1.0, min(10.0, stale_after / 3)))
+    return open_ledger(target, timeout=statement_timeout(stale_after))
 
 
 # -- entry point -----------------------------------------------------------------------------

@@ -56,6 +56,12 @@ class Settings:
             self.owner = default_owner()
 
 
+def statement_timeout(stale_after: float) -> float:
+    """How long one ledger statement or connect may take: well below --stale-after, so that
+    nothing hangs past a lease's deadline, and never under a second or over ten."""
+    return max(1.0, min(10.0, stale_after / 3))
+
+
 def default_owner() -> str:
     """ONCE_OWNER (a pod name, say), else host name and process id."""
     return os.environ.get("ONCE_OWNER") or f"{os.uname().nodename}:{os.getpid()}"
@@ -272,8 +278,8 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
         result = "interrupted"
     if state_error:
         result = "bad-state"
-    recorded = _finish(ledger, job, key, claim, status, outcome.status, result, lease,
-                       new_state)
+    recorded = record_result(ledger, job, key, claim, status, outcome.status, result, lease,
+                             new_state)
     if recorded is None:
         say(f"{what}: the ledger stayed unreachable, the result ({status}) was not recorded "
             f"({lease.last_error}); the period will be retried once its claim goes stale",
@@ -307,9 +313,9 @@ def finish_grace(stale_after: float) -> float:
     return max(FINISH_GRACE_MIN, min(FINISH_GRACE_MAX, stale_after))
 
 
-def _finish(ledger: Ledger, job: Job, key: str, claim: Claim, status: str,
-            exit_code: int, outcome: str, lease: Lease,
-            new_state: str | None = None) -> bool | None:
+def record_result(ledger: Ledger, job: Job, key: str, claim: Claim, status: str,
+                  exit_code: int, outcome: str, lease: Lease,
+                  new_state: str | None = None) -> bool | None:
     """Write the result, retrying on fresh connections until the lease's deadline plus
     finish_grace (a statement that gets no answer is left behind on its connection).
 

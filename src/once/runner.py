@@ -113,7 +113,7 @@ class Lease:
         client-side statement timeout): the statement then runs on a helper thread, which is
         left behind. Past `until` it still gets a short wait of its own.
         """
-        floor = max(1.0, min(10.0, self.interval))
+        floor = max(1.0, min(10.0, self.interval))  # as once.core.statement_timeout
         limit = self.deadline if until is None else until
         if not self.lock.acquire(timeout=max(floor, limit - time.monotonic())):
             raise NoAnswer("a renewal got no answer from the ledger")
@@ -136,6 +136,17 @@ class Lease:
         if error:
             raise error[0]
         return box[0]
+
+    def keep_alive(self, stop: threading.Event) -> None:
+        """Renew every stale_after/3, counted from when the last renewal was sent (sooner
+        after a failure, but never hammering a dead server), until stop is set, the row is
+        lost or the deadline passes. For a thread of its own (the Python API's)."""
+        ok = True
+        while not (self.lost or self.expired):
+            pause = self.interval if ok else min(self.interval, 1.0)
+            if stop.wait(max(0.0, self.last_sent + pause - self.now())):
+                return
+            ok = self.renew_once()
 
     def step_down_reason(self) -> None:
         """Past the deadline with no error seen: a renewal is still waiting for an answer."""

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import time
+
 import pytest
 
 import once
@@ -51,6 +55,37 @@ def test_finish_in_raises_when_the_claim_was_taken_over(ledger_url: str) -> None
             run.finish_in(conn)
         finally:
             conn.close()
+
+
+def test_a_forked_child_leaving_the_block_does_not_finish_the_claim(ledger_url: str) -> None:
+    """A child forked inside the block that leaves it the usual way (sys.exit) neither
+    finishes, renews nor closes the parent's claim; the parent then finishes it as usual."""
+    claimer = os.getpid()
+    try:
+        with once.claim("fork", every="day", db=ledger_url, stale_after=3) as run:
+            child = os.fork()
+            if child == 0:
+                sys.exit(3)
+            _, status = os.waitpid(child, 0)
+            assert os.waitstatus_to_exitcode(status) == 7
+            assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [
+                ("running", 1)]
+            time.sleep(2)  # past a renewal: the parent's connection still works
+            run.check()
+    except SystemExit:
+        if os.getpid() != claimer:
+            os._exit(7)  # the child left the block without touching the claim
+        raise
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 1)]
+
+
+def test_the_heartbeat_keeps_a_long_block_alive(ledger_url: str) -> None:
+    with once.claim("long", every="day", db=ledger_url, stale_after=3) as run:
+        for _ in range(16):  # 8 s: past two deadlines without renewals
+            time.sleep(0.5)
+            run.check()
+        assert not run.lost
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 1)]
 
 
 def _connect(target):  # type: ignore[no-untyped-def]
