@@ -239,11 +239,37 @@ class Ledger:
 
     # connection life
 
-    def connect(self) -> None:
-        """Open the connection now (the first statement would otherwise do it)."""
-        if self._conn is None:
-            with self._errors("cannot connect to"):
-                self._conn = self._open()
+    def connect(self, patient: bool = False) -> None:
+        """Open the connection now (the first statement would otherwise do it).
+
+        patient: a server that is out of connections or still starting (a fleet firing at
+        :00, a restart) is tried again with jittered exponential backoff for up to
+        `connect_patience` seconds; any other failure (a bad password, an unknown database)
+        fails at once. Renewals and final writes have retry loops of their own.
+        """
+        if self._conn is not None:
+            return
+        give_up = time.monotonic() + (self.connect_patience if patient else 0.0)
+        pause = 0.05
+        with self._errors("cannot connect to"):
+            while True:
+                try:
+                    self._conn = self._open()
+                    return
+                except Exception as exc:
+                    if not _busy_server(exc) or time.monotonic() + pause > give_up:
+                        raise
+                import random  # only on this rare path
+
+                time.sleep(random.uniform(pause / 2, pause))
+                pause = min(1.0, pause * 2)
+
+    @property
+    def connect_patience(self) -> float:
+        """How long a claim waits for a busy server: three statement timeouts (a tenth of the
+        default --stale-after), from 3 s to 30 s: below --stale-after, and short enough that
+        a fire which cannot get in by then is not worth making."""
+        return 3.0 * self.statement_timeout
 
     def reconnect(self) -> None:
         """Drop the connection (it may be dead) and open a fresh one."""
@@ -427,7 +453,7 @@ class Ledger:
 
     def _read(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         with self._errors("cannot read"):
-            self.connect()
+            self.connect(patient=True)
             try:
                 return self._fetch(sql, params)
             except Exception as exc:
@@ -473,7 +499,7 @@ class Ledger:
 
     def _with_schema(self, action: Callable[[], Claim]) -> Claim:
         with self._errors("cannot claim in"):
-            self.connect()
+            self.connect(patient=True)
             try:
                 return action()
             except Exception as exc:
@@ -508,6 +534,24 @@ class Ledger:
 
 
 _TRANSIENT = {"OperationalError", "InterfaceError", "ConnectionTimeout", "TimeoutError"}
+
+# Connection refusals that say "not now" rather than "never": out of connections, starting
+# up or shutting down, or (during a restart) nobody listening yet.
+_BUSY_SQLSTATES = {"53300", "57P03"}  # too_many_connections, cannot_connect_now
+_BUSY_MYSQL = {1040, 1203, 1226}  # too many connections; per-user limits
+_BUSY_TEXT = ("too many clients", "too many connections", "no more connections allowed",
+              "the database system is starting up", "the database system is shutting down",
+              "connection refused")
+
+
+def _busy_server(exc: BaseException) -> bool:
+    """A failure to connect that a retry a moment later may not meet (see _BUSY_*)."""
+    if getattr(exc, "sqlstate", None) in _BUSY_SQLSTATES or _mysql_code(exc) in _BUSY_MYSQL:
+        return True
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    text = str(exc).lower()
+    return any(words in text for words in _BUSY_TEXT)
 
 
 def describe(exc: BaseException) -> str:
