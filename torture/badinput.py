@@ -3,7 +3,7 @@
 
 An argument vector is built from components (job name, schedule, zone, URL, durations,
 counts, --since/--until, --from/--to, stray options), each drawn as valid, invalid (outside
-the contract: a spec, zone, duration, URL... that CONTRACT.md does not allow, or a ledger that
+the contract: a spec, zone, duration, URL... that the README does not allow, or a ledger that
 cannot be reached), or edge (allowed or refused, the contract does not say: extreme dates,
 huge numbers, odd spellings). Options come in random order.
 

@@ -47,7 +47,7 @@ def owner_faults(config: Config, backend: Backend, outdir: Path) -> list[Row]:
 
 
 # Under database faults a finished command whose result cannot be recorded in time is run
-# again (CONTRACT.md: exit 75, the row goes stale and is retried): at least once, not twice
+# again (README "Liveness": exit 75, the row goes stale and is retried): at least once, not twice
 # without a cause.
 CONVERGED = "periods converge, each finished once (or redone as documented)"
 

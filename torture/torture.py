@@ -28,7 +28,7 @@ Each backend gets a table:
                taken over, a command that outlived its owner, a takeover before
                --stale-after by the database's clock, a traceback, a wrong exit status, a
                command run for bad input. Under database faults, a finish the ledger could
-               not record in time is run again as CONTRACT.md says (exit 75; or 70 when the
+               not record in time is run again as the README says (exit 75; or 70 when the
                late write found the claim taken over): counted as "redone" in the notes, not
                lost (see storm.py)
     notes      counts that explain the figures (exit statuses, takeovers, deadlock victims)

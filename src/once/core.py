@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from once.notify import Notifier
     from once.runner import Lease
 
-# Exit statuses of `once run` that are not the child's own (CONTRACT.md).
+# Exit statuses of `once run` that are not the child's own (README "Exit status").
 EXIT_USAGE = 2
 EXIT_FENCED_OUT = 70
 EXIT_LEDGER = 75
@@ -93,7 +93,8 @@ def current_period(schedule: Schedule, lag: int = 0, now: datetime | None = None
 
 def child_env(job: Job, period: Period, claim: Claim | None, shard: int | None = None,
               claimed: bool = True) -> dict[str, str]:
-    """The command's environment (CONTRACT.md); a skip's hooks get it without the attempt."""
+    """The command's environment (README "The command's environment"); a skip's hooks get
+    it without the attempt."""
     env = dict(os.environ)
     env.update({
         "ONCE_JOB": job.name,

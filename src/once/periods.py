@@ -5,7 +5,7 @@ A schedule cuts time into periods, half-open intervals [start, end) that tile th
 This module is pure, no I/O and no database, and imports only the standard library at
 import time: it runs on every cron fire. cronsim is imported when a cron schedule is built.
 
-The rules are CONTRACT.md's "Periods"; daylight saving time forces these choices:
+The rules are the README's "Periods"; daylight saving time forces these choices:
 
 * Calendar specs (day, week, month, quarter, year). A period starts at the first instant at
   which the local date is its first date or later: local midnight, or, where the clock skips

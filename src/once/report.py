@@ -8,7 +8,7 @@ the next `once run` would do; an absent ledger is reported empty, never created)
 What the reports call a job's periods, for a job with lag L and a check with --grace G:
 
 * its first period: the one containing `once_jobs.first_period_start` (its earliest claim);
-* a period P is due once the end of P+L plus G has passed (CONTRACT.md), so the latest due
+* a period P is due once the end of P+L plus G has passed (README "Monitoring"), so the latest due
   period is the one L+1 periods before the period containing now - G;
 * missing: a due period, from the first one on, with no done row, no failed row and no live
   attempt: no row at all, or a running row whose heartbeat is older than the job's

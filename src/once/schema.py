@@ -1,6 +1,6 @@
 """The ledger's tables, in SQLAlchemy Core, and the DDL that creates or upgrades them.
 
-`once_runs` is public (CONTRACT.md): one row per (job, period), the attempt that owns it.
+`once_runs` is public (README "The ledger"): one row per (job, period), the attempt that owns it.
 `once_attempts` keeps every attempt, `once_jobs` the fence counter and the schedule each job
 last ran with (so reports know which periods were expected), `once_meta` the schema version.
 

@@ -1,0 +1,44 @@
+"""The hot path's rule, as a test: `once run` never imports SQLAlchemy, rich, the reports or
+the other commands, whether it claims and runs the period or skips it (README "Layout")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import run_once
+
+# What only reports, table creation and the other commands need.
+FORBIDDEN = ("sqlalchemy", "rich", "once.report", "once.commands", "once.gaps",
+             "once.timeline", "once.schema", "once.prune", "once.progress", "once._docs")
+
+# Runs once's entry point like the installed script, and writes the modules it loaded.
+_PROBE = ("import atexit, sys\n"
+          "out = sys.argv.pop(1)\n"
+          "atexit.register(lambda: open(out, 'w').write('\\n'.join(sorted(sys.modules))))\n"
+          "from once.cli import main\n"
+          "main(sys.argv[1:])\n")
+
+
+def _modules(env: dict[str, str], tmp_path: Path, *args: str) -> set[str]:
+    out = tmp_path / "modules"
+    result = subprocess.run([sys.executable, "-c", _PROBE, str(out), *args], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return set(out.read_text().split())
+
+
+@pytest.mark.parametrize("fire", ["claimed", "skipped"])
+def test_once_run_imports_nothing_of_the_report_path(once_env: dict[str, str],
+                                                     tmp_path: Path, fire: str) -> None:
+    # The first use creates the tables (that needs SQLAlchemy, once per ledger).
+    assert run_once("run", "--job", "hot", "--every", "day", "--", "true",
+                    env=once_env).returncode == 0
+    lag = "1" if fire == "claimed" else "0"
+    loaded = _modules(once_env, tmp_path, "run", "--job", "hot", "--every", "day", "--lag",
+                      lag, "--", "true")
+    assert "once.core" in loaded  # the probe saw a real run
+    assert not [m for m in loaded if m.split(".")[0] in FORBIDDEN or m in FORBIDDEN]
