@@ -3,7 +3,12 @@
 1. a no-op `once run` (the period is already done) against a bare script that imports click and
    the driver and sends the same claim, on SQLite and PostgreSQL: median wall time and ratio
    (goals: <= 1.3 on SQLite, <= 1.2 on PostgreSQL);
-2. 50 simultaneous no-op `once run` against 50 simultaneous bare scripts: time until all end.
+2. 50 simultaneous no-op `once run` against 50 simultaneous bare scripts: time until all end;
+3. catch-up overhead per period beyond the child's own run;
+4. the fleet row (bench/fleet.py): 100 `once run` released at one instant against PostgreSQL
+   through a login limited to 6 connections (and through PgBouncer when
+   ONCE_BENCH_PGBOUNCER_URL is set): exit statuses, runs (must be 1), time to decision;
+5. report times over 100 jobs x 10,000 periods.
 
 PostgreSQL: ONCE_BENCH_POSTGRES_URL, else an embedded server started for the run.
 """
@@ -60,7 +65,8 @@ PG_BODY = """import datetime
     conn.execute(SQL, dict(job=job, period=period, owner="bare", kind="every",
                  schedule="day", tz="UTC", lag=0, max_attempts=3, stale_after=300.0,
                  rerun=False, reason=None, shards=1, command_hash=None, period_start=start,
-                 period_end=start + datetime.timedelta(days=1))).fetchone()"""
+                 period_end=start + datetime.timedelta(days=1), max_skew=60.0,
+                 host_now=datetime.datetime.now(datetime.timezone.utc))).fetchone()"""
 
 
 def bare_script(dialect: str, directory: Path) -> Path:
@@ -180,6 +186,11 @@ def main() -> None:
                 target.connect_args["conninfo"], 1.2)
         catchup_overhead("sqlite", f"sqlite:///{db}")
         catchup_overhead("postgresql", pg)
+        if os.environ.get("BENCH_SKIP_FLEET") != "1":
+            sys.path.insert(0, str(Path(__file__).parent))
+            import fleet
+
+            fleet.run(target.connect_args["conninfo"])
         if os.environ.get("BENCH_SKIP_REPORTS") != "1":
             reports(directory, pg)
 
