@@ -143,6 +143,25 @@ def clock_option(func: F) -> F:
              "A SQLite ledger has no clock of its own: not checked there.")(func)
 
 
+kill_after_option = click.option(
+    "--kill-after", type=DURATION, show_default="10s, or a third of --stale-after if less",
+    help="SIGKILL the command this long after SIGTERM; at most a third of --stale-after "
+         "(the command is dead by the lease's deadline).")
+
+
+def kill_after_for(kill_after: float | None, stale_after: float) -> float:
+    """--kill-after as given, a usage error when it does not fit --stale-after; else the
+    default, which the runner shortens to fit."""
+    from once.deadlines import DEFAULT_KILL_AFTER, kill_after_problem
+
+    if kill_after is None:
+        return DEFAULT_KILL_AFTER
+    problem = kill_after_problem(kill_after, stale_after)
+    if problem:
+        raise click.UsageError(problem)
+    return kill_after
+
+
 def liveness_options(func: F) -> F:
     """The options `once run` shares with `once catchup`."""
     options = [
@@ -152,8 +171,7 @@ def liveness_options(func: F) -> F:
         click.option("--stale-after", default="5m", show_default=True, type=DURATION,
                      help="A running claim whose heartbeat is older than this may be taken "
                           "over; the owner renews it every third of this."),
-        click.option("--kill-after", default="10s", show_default=True, type=DURATION,
-                     help="SIGKILL the command this long after SIGTERM."),
+        kill_after_option,
         click.option("--timeout", type=DURATION,
                      help="SIGTERM the command when it runs longer; record failed, exit 124."),
         click.option("--max-attempts", default=3, show_default=True,
@@ -262,8 +280,8 @@ def verbosity_options(func: F) -> F:
 @command_argument
 def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
         db_password_file: str | None, namespace: str | None, lag: int, stale_after: float,
-        kill_after: float, timeout: float | None, max_attempts: int, state: bool, shards: int,
-        version_tag: str | None, max_clock_skew: float, catchup: int,
+        kill_after: float | None, timeout: float | None, max_attempts: int, state: bool,
+        shards: int, version_tag: str | None, max_clock_skew: float, catchup: int,
         skipped_exit_code: int, all_shards: bool,
         require_same_command: bool, ping: str | None, ping_url_file: str | None,
         ping_on_skip: bool, ping_exit_status: bool, on_success: str | None,
@@ -284,8 +302,8 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
     sched = make_schedule(every, cron, tz)
     the_job = core_job(job, namespace, sched, lag, max_attempts, stale_after, shards)
     target = open_target(db, db_password_file)
-    settings = core.Settings(kill_after=kill_after, timeout=timeout,
-                             skipped_exit_code=skipped_exit_code,
+    settings = core.Settings(kill_after=kill_after_for(kill_after, stale_after),
+                             timeout=timeout, skipped_exit_code=skipped_exit_code,
                              verbosity=verbosity(verbose, quiet), log_format=log_format,
                              state=state,
                              command_hash=core.command_hash(command, version_tag),

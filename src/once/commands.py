@@ -19,6 +19,8 @@ from once.cli import (
     clock_option,
     command_argument,
     core_job,
+    kill_after_for,
+    kill_after_option,
     ledger_for,
     ledger_options,
     liveness_options,
@@ -52,7 +54,7 @@ from once.complete import job_names
 def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
             db_password_file: str | None, namespace: str | None, since: str | None,
             until: str | None, max_count: int | None, keep_going: bool, dry_run: bool,
-            lag: int, stale_after: float, kill_after: float, timeout: float | None,
+            lag: int, stale_after: float, kill_after: float | None, timeout: float | None,
             max_attempts: int, state: bool, shards: int, version_tag: str | None,
             max_clock_skew: float, verbose: int, quiet: bool, log_format: str,
             command: tuple[str, ...]) -> int:
@@ -83,9 +85,10 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
             for period in todo:
                 click.echo(f"{period.key} {iso(period.start)} {iso(period.end)}")
             return 0
-        settings = core.Settings(kill_after=kill_after, timeout=timeout,
-                                 verbosity=verbosity(verbose, quiet), log_format=log_format,
-                                 state=state, max_clock_skew=max_clock_skew,
+        settings = core.Settings(kill_after=kill_after_for(kill_after, stale_after),
+                                 timeout=timeout, verbosity=verbosity(verbose, quiet),
+                                 log_format=log_format, state=state,
+                                 max_clock_skew=max_clock_skew,
                                  command_hash=core.command_hash(command, version_tag))
         return core.catch_up(ledger, the_job, todo, command, settings, keep_going,
                              _progress(quiet))
@@ -124,8 +127,7 @@ EXIT_REFUSED = 69
               help="The period's key.")
 @click.option("--reason", metavar="TEXT", help="Why, kept in the history.")
 @ledger_options
-@click.option("--kill-after", default="10s", show_default=True, type=DURATION,
-              help="SIGKILL the command this long after SIGTERM.")
+@kill_after_option
 @click.option("--timeout", type=DURATION, help="SIGTERM the command when it runs longer.")
 @click.option("--version-tag", metavar="TEXT",
               help="Counts as part of the command's fingerprint (see once run).")
@@ -133,7 +135,7 @@ EXIT_REFUSED = 69
 @verbosity_options
 @command_argument
 def rerun(job: str, key: str, reason: str | None, db: str | None,
-          db_password_file: str | None, namespace: str | None, kill_after: float,
+          db_password_file: str | None, namespace: str | None, kill_after: float | None,
           timeout: float | None, version_tag: str | None, max_clock_skew: float,
           verbose: int, quiet: bool, log_format: str, command: tuple[str, ...]) -> int:
     """Run a done or failed period again, as a new attempt with a new fence.
@@ -161,9 +163,10 @@ def rerun(job: str, key: str, reason: str | None, db: str | None,
             raise click.UsageError(f"job {name} runs {the_job.shards} shards: give --period "
                                    f"KEY#i, i from 0 to {the_job.shards - 1}")
         period = sched.from_key(base)
-        settings = core.Settings(kill_after=kill_after, timeout=timeout,
-                                 verbosity=verbosity(verbose, quiet), log_format=log_format,
-                                 max_clock_skew=max_clock_skew,
+        # The grace must fit the job's --stale-after, which the ledger holds.
+        settings = core.Settings(kill_after=kill_after_for(kill_after, the_job.stale_after),
+                                 timeout=timeout, verbosity=verbosity(verbose, quiet),
+                                 log_format=log_format, max_clock_skew=max_clock_skew,
                                  command_hash=core.command_hash(command, version_tag))
         result = core.run_period(ledger, the_job, period, command, settings,
                                  rerun_reason=reason or "once rerun",

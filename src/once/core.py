@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from once.deadlines import lease_now
 from once.ledger import Claim, CommandDrift, Job, Ledger, LedgerError
 from once.periods import Period, Schedule, iso
 
@@ -149,7 +150,7 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
     key = shard_key(period, shard)
     what = f"{job.name} {key}"
     settings.context = {"job": job.name, "period": key}
-    sent = time.monotonic()
+    sent = lease_now()
     try:
         claim = ledger.claim(job, key, period.start, period.end, settings.owner,
                              rerun=rerun_reason is not None, reason=rerun_reason,
@@ -269,12 +270,14 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
         return Result("fenced-out", EXIT_FENCED_OUT)
     if outcome.kind == "exec-failed":
         say(f"cannot run {command[0]!r}: {outcome.message}", settings, event="exec-failed")
+    if outcome.kind == "guard-died":  # the group is dead: the failure may be retried at once
+        say(f"{what}: {outcome.message}; recorded failed", settings, event="guard-died")
     if state_error:
         say(f"{what}: {state_error}; recorded failed", settings, event="bad-state")
     status = "done" if outcome.succeeded and not state_error else "failed"
     # The history's outcome says more than the status where there is more to say.
-    result: str = {"timed-out": "timed-out", "exec-failed": "exec-failed"}.get(
-        outcome.kind, status)
+    result: str = {"timed-out": "timed-out", "exec-failed": "exec-failed",
+                   "guard-died": "guard-died"}.get(outcome.kind, status)
     if outcome.interrupted_by is not None:
         result = "interrupted"
     if state_error:

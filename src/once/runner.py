@@ -1,22 +1,20 @@
 """The child: start it, keep its claim alive, stop it when the claim is lost. No SQL here.
 
-Process tree while a command runs:
-
-    once (wrapper)            heartbeats, signals, timeout, deadline
-     └─ guard                 process-group leader; dies with the wrapper and takes the
-         └─ COMMAND ...       whole group with it (a shell's own children included)
-
-The guard exists because Linux delivers a parent-death signal only to the process that asked
-for it: set on COMMAND itself, a shell's grandchildren would outlive a wrapper killed by
-SIGKILL. The guard asks for SIGUSR1 when the wrapper dies and answers it by killing its own
-process group, which COMMAND and everything it starts share (unless they leave it with setsid).
-On systems without prctl (not Linux) there is no guard-side protection: COMMAND survives a
-wrapper killed by SIGKILL, and only the ledger's staleness protects the period.
+The command runs under a guard process (once.guard): the guard dies with the wrapper and
+takes the command's whole process group with it; the command dies with the guard.
 
 The wrapper forwards SIGTERM, SIGINT and SIGHUP to the group, escalates to SIGKILL after
 --kill-after, and steps down (kills the group, reports FENCED_OUT) when a renewal finds the row
-taken or when renewals keep failing past the local deadline: the moment the last successful
-renewal was *sent* plus --stale-after, on the monotonic clock.
+taken or when renewals keep failing towards the lease's deadline: the moment the last
+successful renewal was *sent* plus --stale-after, on the lease clock (once.deadlines, which
+counts suspended time). The command is dead by that deadline: SIGTERM goes out --kill-after
+before it (capped at a third of --stale-after), SIGKILL at it. The guard watches the same
+deadline on its own, for a wrapper that is stopped or wedged.
+
+When the guard dies on its own (SIGKILL, the OOM killer), the wrapper notices at once (its
+report pipe closes), kills the group and reports GUARD_DIED: the command was killed with its
+guard, which core records as failed (outcome `guard-died`, status 137). Nothing of the group
+can run by then, so the retry that the failure allows never starts beside it.
 """
 
 from __future__ import annotations
@@ -25,18 +23,18 @@ import errno
 import os
 import select
 import signal
-import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_PR_SET_PDEATHSIG = 1
+from once import guard as _guard
+from once.deadlines import lease_now, max_grace
 
-Kind = Literal["exited", "signaled", "exec-failed", "timed-out", "fenced-out"]
+FORWARDED = _guard.FORWARDED
+
+Kind = Literal["exited", "signaled", "exec-failed", "timed-out", "fenced-out", "guard-died"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,10 @@ class NoAnswer(Exception):
 
 
 class Lease:
-    """The claim as its owner sees it: renewed by a callback, lost on 'no row' or deadline."""
+    """The claim as its owner sees it: renewed by a callback, lost on 'no row' or deadline.
+
+    sent_at and every time here are on the lease clock (once.deadlines.lease_now).
+    """
 
     def __init__(self, renew: Callable[[], bool], stale_after: float, sent_at: float) -> None:
         self._renew = renew
@@ -81,12 +82,12 @@ class Lease:
 
     @property
     def expired(self) -> bool:
-        return time.monotonic() >= self.deadline
+        return lease_now() >= self.deadline
 
     def renew_once(self) -> bool:
         """One renewal; True when it succeeded. Sets `lost` when the row is no longer ours."""
         with self.lock:
-            sent = self.last_sent = time.monotonic()
+            sent = self.last_sent = lease_now()
             try:
                 ours = self._renew()
             except Exception as exc:  # unreachable ledger: keep trying until the deadline
@@ -102,8 +103,8 @@ class Lease:
 
     @staticmethod
     def now() -> float:
-        """The clock of every lease deadline."""
-        return time.monotonic()
+        """The clock of every lease deadline (once.deadlines.lease_now)."""
+        return lease_now()
 
     def call(self, action: Callable[[], T], until: float | None = None) -> T:
         """Run one ledger statement under the lock; raise NoAnswer at `until` (default: the
@@ -115,7 +116,7 @@ class Lease:
         """
         floor = max(1.0, min(10.0, self.interval))  # as once.core.statement_timeout
         limit = self.deadline if until is None else until
-        if not self.lock.acquire(timeout=max(floor, limit - time.monotonic())):
+        if not self.lock.acquire(timeout=max(floor, limit - lease_now())):
             raise NoAnswer("a renewal got no answer from the ledger")
         box: list[T] = []
         error: list[BaseException] = []
@@ -130,7 +131,7 @@ class Lease:
 
         worker = threading.Thread(target=work, daemon=True)
         worker.start()
-        worker.join(max(floor, limit - time.monotonic()))
+        worker.join(max(floor, limit - lease_now()))
         if worker.is_alive():
             raise NoAnswer("the final write got no answer from the ledger")
         if error:
@@ -164,15 +165,18 @@ def run(
 ) -> Outcome:
     """Run command to its end (or ours) under lease; return how it ended.
 
-    on_start is called once the command is on its way (after the fork: it may start threads).
+    kill_after is cut to fit the lease (once.deadlines.max_grace): the command must be dead
+    by the lease's deadline. on_start is called once the command is on its way (after the
+    fork: it may start threads).
     """
     tty = _foreground_tty()
-    supervisor = _Supervisor(lease, kill_after, timeout)
+    grace = kill_after if lease is None else min(kill_after, max_grace(lease.stale_after))
+    supervisor = _Supervisor(lease, grace, timeout)
     # Handlers go in before the fork: a signal that arrives while the guard starts is
     # forwarded, not lost (nor fatal to a wrapper whose guard would then kill the command).
     with supervisor.signals():
-        guard, report = _spawn_guard(list(command), env, tty, supervisor.ignored,
-                                     supervisor.watch())
+        guard, report = _guard.spawn(list(command), env, tty, _title(env), supervisor.ignored,
+                                     supervisor.watch(), supervisor.own_fds())
         if on_start is not None:
             on_start()
         try:
@@ -180,19 +184,29 @@ def run(
         finally:
             os.close(report)
             if tty is not None:
-                _take_terminal(tty, os.getpgrp())
+                _guard.take_terminal(tty, os.getpgrp())
+
+
+def _title(env: dict[str, str]) -> str:
+    """The guard's name in ps: once-guard JOB PERIOD[#SHARD]."""
+    shard = env.get("ONCE_SHARD")
+    period = env.get("ONCE_PERIOD", "") + (f"#{shard}" if shard else "")
+    return " ".join(["once-guard", env.get("ONCE_JOB", ""), period]).strip()
 
 
 # -- the wrapper's side ------------------------------------------------------------------------
 
 
 class _Supervisor:
-    def __init__(self, lease: Lease | None, kill_after: float, timeout: float | None) -> None:
+    def __init__(self, lease: Lease | None, grace: float, timeout: float | None) -> None:
         self.guard, self.report = 0, -1
         self.guard_status: int | None = None
-        self.lease, self.kill_after, self.timeout = lease, kill_after, timeout
+        self.lease, self.grace, self.timeout = lease, grace, timeout
         self.timeout_at: float | None = None
         self.kill_at: float | None = None
+        self.killed = False  # SIGKILL went to the group
+        self.killed_first = False  # ... before the guard ended: its death is ours
+        self.ended = False  # the guard reported the command's end
         self.why: Kind | None = None  # timed-out or fenced-out, once we decided to stop it
         self.forwarded: int | None = None
         self.pending: list[int] = []
@@ -214,11 +228,15 @@ class _Supervisor:
         if lease is not None:
             os.set_blocking(self.deadline_w, False)
 
-    def watch(self) -> tuple[int, float, float] | None:
-        """What the guard needs to step down on its own: (pipe, deadline, --kill-after)."""
+    def watch(self) -> _guard.Watch | None:
+        """What the guard needs to step down on its own: (pipe, deadline, grace)."""
         if self.lease is None:
             return None
-        return self.deadline_r, self.lease.deadline, self.kill_after
+        return self.deadline_r, self.lease.deadline, self.grace
+
+    def own_fds(self) -> tuple[int, ...]:
+        """The wrapper's pipe ends, which the guard closes (it keeps deadline_r)."""
+        return tuple(fd for fd in (self.wake_r, self.wake_w, self.deadline_w) if fd >= 0)
 
     @contextmanager
     def signals(self) -> Iterator[None]:
@@ -241,7 +259,7 @@ class _Supervisor:
 
     def wait(self, guard: int, report: int) -> Outcome:
         self.guard, self.report = guard, report
-        self.timeout_at = time.monotonic() + self.timeout if self.timeout else None
+        self.timeout_at = lease_now() + self.timeout if self.timeout else None
         # The heartbeat thread starts when the first renewal is due: a command that ends
         # sooner (most of a catch-up's) never needs it.
         self.beat = threading.Thread(target=self._heartbeat, daemon=True)
@@ -254,7 +272,7 @@ class _Supervisor:
             # A renewal in flight normally returns at once; one stuck in a hung server is
             # left behind (the final write waits for the lease's lock, up to the deadline).
             assert self.lease is not None
-            beat.join(max(1.0, self.lease.deadline - time.monotonic()))
+            beat.join(max(1.0, self.lease.deadline - lease_now()))
         return self._outcome(text)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -271,7 +289,7 @@ class _Supervisor:
             # Every --stale-after/3 counted from when the last renewal was sent; after a
             # failure, retry sooner, but never hammer a dead server.
             pause = lease.interval if ok else min(lease.interval, 1.0)
-            if self.stop_heartbeat.wait(max(0.0, lease.last_sent + pause - time.monotonic())):
+            if self.stop_heartbeat.wait(max(0.0, lease.last_sent + pause - lease_now())):
                 return
             ok = lease.renew_once()
             if ok:
@@ -292,60 +310,79 @@ class _Supervisor:
             readable, _, _ = select.select([self.report, self.wake_r], [], [], self._next_timer())
             if self.wake_r in readable:
                 os.read(self.wake_r, 512)
+            data = os.read(self.report, 512) if self.report in readable else None
+            chunks += data or b""
+            gone = data == b""  # the guard is gone: its report, if any, is complete
+            self.killed_first = self.killed
+            # The command's end, once reported, is not undone by a timer that fires with it.
+            self.ended = any(not line.startswith(b"started") for line in chunks.splitlines())
             self._act()
-            if self.report in readable:
-                data = os.read(self.report, 512)
-                chunks += data
-                if not data:  # the guard is gone: its report, if any, is complete
-                    self._reap(block=True)
-                    if (self.why is not None or self.forwarded is not None
-                            or chunks.startswith(b"lapsed ")):
-                        # We were stopping the command and it has ended: nothing it started
-                        # may carry on (a shell's child that ignores SIGTERM, say).
-                        self._killpg(signal.SIGKILL)
-                    return chunks.decode() or self._guard_death()
+            if gone:
+                if (not self.ended or self.why is not None or self.forwarded is not None
+                        or b"lapsed " in chunks):
+                    # The guard died before the command's end (killed: the command got its
+                    # parent-death signal), or we were stopping the command and it has
+                    # ended: nothing it started may carry on (a shell's child that ignores
+                    # SIGTERM, say). A SIGKILL cannot be caught: once it is sent, no process
+                    # of the group runs another instruction of its own. Sent before the
+                    # guard is reaped, while its pid (the group's id) cannot be reused.
+                    self._killpg(signal.SIGKILL)
+                self._reap(block=True)
+                return chunks.decode()
 
     def _next_timer(self) -> float:
-        now = time.monotonic()
-        times = [t for t in (self.timeout_at, self.kill_at) if t is not None]
-        if self.lease is not None and self.why is None:
-            times.append(self.lease.deadline)
+        now = lease_now()
+        times = [t for t in (self.kill_at, None if self.ended else self.timeout_at)
+                 if t is not None]
+        lease = self.lease
+        if lease is not None and not self.killed:
+            times.append(lease.deadline)  # SIGKILL, whatever else is going on
+            if self.why is None and not self.ended:
+                times.append(lease.deadline - self.grace)  # the step-down's SIGTERM
             if self.beat.ident is None:
-                times.append(self.lease.last_sent + self.lease.interval)
-        return max(0.0, min(times) - now) if times else 3600.0
+                times.append(lease.last_sent + lease.interval)
+        # Every timer that has fired is cleared (or, the deadline, no longer listed once the
+        # group is killed): a past one would keep this loop from ever sleeping.
+        return min(_guard.MAX_SLEEP, max(0.0, min(times, default=now + 3600) - now))
 
     def _act(self) -> None:
         if self.reap_all:
             self._reap(block=False)
-        now = time.monotonic()
+        now = lease_now()
         while self.pending:
             sig = self.pending.pop(0)
             self.forwarded = sig
-            self._stop(sig)
+            self._stop(sig, now)
         lease = self.lease
         if (lease is not None and self.beat.ident is None
                 and now >= lease.last_sent + lease.interval):
             self.beat.start()
-        if lease is not None and self.why is None and (lease.lost or lease.expired):
+        if (lease is not None and self.why is None and not self.ended
+                and (lease.lost or now >= lease.deadline - self.grace)):
             self.why = "fenced-out"
             lease.step_down_reason()
-            self._stop(signal.SIGTERM)
-        if self.timeout_at is not None and now >= self.timeout_at and self.why is None:
-            self.why = "timed-out"
-            self._stop(signal.SIGTERM)
-        if self.kill_at is not None and now >= self.kill_at:
+            self._stop(signal.SIGTERM, now)
+        if self.timeout_at is not None and now >= self.timeout_at and not self.ended:
+            self.timeout_at = None
+            if self.why is None:
+                self.why = "timed-out"
+                self._stop(signal.SIGTERM, now)
+        dead_line = lease is not None and now >= lease.deadline
+        if (self.kill_at is not None and now >= self.kill_at) or (dead_line and not self.killed):
             self._killpg(signal.SIGKILL)
             self.kill_at = None
 
-    def _stop(self, sig: int) -> None:
-        """Send sig to the command's group now; SIGKILL follows after --kill-after."""
+    def _stop(self, sig: int, now: float) -> None:
+        """Send sig to the command's group now; SIGKILL follows after the grace."""
         self._killpg(sig)
-        if self.kill_at is None:
-            self.kill_at = time.monotonic() + self.kill_after
+        if self.kill_at is None and not self.killed:
+            self.kill_at = now + self.grace
 
     def _killpg(self, sig: int) -> None:
         # The group keeps the guard's pid as its id while any member lives, even after the
         # guard is reaped, so this never reaches a stranger.
+        if sig == signal.SIGKILL:
+            self.killed = True
         with suppress(ProcessLookupError, PermissionError):
             os.killpg(self.guard, sig)
 
@@ -363,31 +400,42 @@ class _Supervisor:
             if pid == self.guard:
                 self.guard_status = status
 
-    def _guard_death(self) -> str:
-        """The guard ended without a report: it was killed, with the whole group."""
-        status = self.guard_status
-        if status is not None and os.WIFEXITED(status):
-            return "guard"  # it failed before it could start the command
-        if status is not None and os.WIFSIGNALED(status):
-            return f"signal {os.WTERMSIG(status)}"
-        return "signal 9"
-
     def _outcome(self, report: str) -> Outcome:
-        lapsed = report.startswith("lapsed ")  # the guard stepped down at the deadline
+        lines = report.splitlines()
+        started = "started" in lines
+        last = next((line for line in reversed(lines) if line != "started"), "")
+        if not last:
+            return self._guard_death(started)
+        lapsed = last.startswith("lapsed ")  # the guard stepped down at the deadline
         if lapsed and self.why is None:
             self.why = "fenced-out"
             if self.lease is not None:
                 self.lease.step_down_reason()
-        word, _, value = report.removeprefix("lapsed ").strip().partition(" ")
+        word, _, value = last.removeprefix("lapsed ").strip().partition(" ")
         number = int(value) if value.lstrip("-").isdigit() else 1
-        if word == "guard":
-            return Outcome("exec-failed", 126, message="once's guard process failed")
         if word == "exec":
             code = 127 if number == errno.ENOENT else 126
             return Outcome("exec-failed", code, message=os.strerror(number))
         status = 128 + number if word == "signal" else number
         kind: Kind = self.why or ("signaled" if word == "signal" else "exited")
         return Outcome(kind, status, self.forwarded)
+
+    def _guard_death(self, started: bool) -> Outcome:
+        """The guard ended without its last line: it failed, or was killed."""
+        status = self.guard_status
+        if not started:
+            return Outcome("exec-failed", 126, message="once's guard process failed")
+        killed = 128 + signal.SIGKILL
+        if self.why is not None or self.killed_first:
+            # Ours: we were stopping the command, or our SIGKILL reached the guard with it.
+            return Outcome(self.why or "signaled", killed, self.forwarded)
+        if status is not None and os.WIFSIGNALED(status):
+            how = f"was killed by signal {os.WTERMSIG(status)}"
+        else:
+            code = os.waitstatus_to_exitcode(status) if status is not None else "unknown"
+            how = f"failed (status {code})"
+        return Outcome("guard-died", killed, self.forwarded,
+                       message=f"once's guard process {how}; the command was killed with it")
 
 
 def _foreground_tty() -> int | None:
@@ -398,137 +446,3 @@ def _foreground_tty() -> int | None:
     except OSError:
         pass
     return None
-
-
-def _take_terminal(tty: int, pgrp: int) -> None:
-    # A background group that calls tcsetpgrp gets SIGTTOU unless it blocks it.
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
-    try:
-        os.tcsetpgrp(tty, pgrp)
-    except OSError:
-        pass
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-# -- the guard's side --------------------------------------------------------------------------
-
-
-def _spawn_guard(command: list[str], env: dict[str, str], tty: int | None,
-                 ignored: frozenset[int] = frozenset(),
-                 watch: tuple[int, float, float] | None = None) -> tuple[int, int]:
-    """Fork the guard (before any thread starts); return its pid and its report pipe."""
-    report_r, report_w = os.pipe()
-    wrapper = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        code = 70
-        try:
-            os.close(report_r)
-            code = _guard(command, env, tty, wrapper, report_w, ignored, watch)
-        finally:
-            os._exit(code)
-    os.close(report_w)
-    # Set the group from both sides, so that killpg(pid) works whoever runs first.
-    with suppress(OSError):
-        os.setpgid(pid, pid)
-    return pid, report_r
-
-
-def _guard(command: list[str], env: dict[str, str], tty: int | None, wrapper: int,
-           report: int, ignored: frozenset[int] = frozenset(),
-           watch: tuple[int, float, float] | None = None) -> int:
-    signal.set_wakeup_fd(-1)  # the wrapper's, inherited across the fork
-    os.setpgid(0, 0)
-    signal.signal(signal.SIGUSR1, _wrapper_died)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for sig in FORWARDED:  # the command gets these itself: it shares our group
-        signal.signal(sig, signal.SIG_IGN if sig in ignored else _ignore)
-    _set_parent_death_signal(signal.SIGUSR1)
-    if os.getppid() != wrapper:  # the wrapper died before the signal was armed
-        _wrapper_died(signal.SIGUSR1, None)
-    if tty is not None:
-        _take_terminal(tty, os.getpgrp())
-    try:
-        # Handlers set above reset to default in the command on exec; nothing is blocked,
-        # and only what was ignored when once started stays ignored.
-        child = subprocess.Popen(command, env=env)
-    except OSError as exc:
-        os.write(report, f"exec {exc.errno or errno.ENOEXEC}\n".encode())
-        return 0
-    status, lapsed = _wait(child.pid, watch, report)
-    prefix = "lapsed " if lapsed else ""
-    if os.WIFSIGNALED(status):
-        os.write(report, f"{prefix}signal {os.WTERMSIG(status)}\n".encode())
-    else:
-        os.write(report, f"{prefix}exit {os.waitstatus_to_exitcode(status)}\n".encode())
-    if lapsed:  # stepped down: nothing the command started may carry on
-        os.killpg(0, signal.SIGKILL)
-    return 0
-
-
-def _wait(pid: int, watch: tuple[int, float, float] | None, report: int) -> tuple[int, bool]:
-    """The command's wait status, and whether the lease's deadline passed while it ran.
-
-    With a watch (the deadline pipe, the deadline, --kill-after) the guard steps down on its
-    own when the deadline passes unrenewed, as the wrapper does: SIGTERM to the group (the
-    guard ignores it), SIGKILL after --kill-after. A wrapper that is stopped (SIGSTOP, a
-    debugger) or wedged cannot, and its command must not finish after a takeover.
-    """
-    try:
-        pidfd = os.pidfd_open(pid) if watch is not None else -1
-    except OSError:  # no pidfd (Linux before 5.3): the wrapper alone watches the deadline
-        pidfd = -1
-    if watch is None or pidfd < 0:
-        return os.waitpid(pid, 0)[1], False
-    fd, deadline, kill_after = watch
-    kill_at: float | None = None
-    pending = b""
-    while True:
-        wake = deadline if kill_at is None else kill_at
-        watched = [pidfd, fd] if fd >= 0 else [pidfd]
-        readable, _, _ = select.select(watched, [], [], max(0.0, wake - time.monotonic()))
-        if pidfd in readable:
-            return os.waitpid(pid, 0)[1], kill_at is not None
-        if fd in readable:
-            data = os.read(fd, 4096)
-            if not data:
-                fd = -1  # the wrapper is gone: its death signal takes care of us
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            if lines and kill_at is None:
-                deadline = max(deadline, float(lines[-1]))
-        now = time.monotonic()
-        if kill_at is None and now >= deadline:
-            os.killpg(0, signal.SIGTERM)
-            kill_at = now + kill_after
-        elif kill_at is not None and now >= kill_at:
-            os.write(report, b"lapsed signal 9\n")
-            os.killpg(0, signal.SIGKILL)  # the command, its children, and this guard
-
-
-def _ignore(_signum: int, _frame: object) -> None:
-    pass
-
-
-def _wrapper_died(_signum: int, _frame: object) -> None:
-    os.killpg(0, signal.SIGKILL)  # the command, its children, and this guard
-
-
-def _load_prctl() -> Callable[..., int] | None:
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux: no parent-death signal
-        return None
-
-
-# Loaded here, in the wrapper, once: every guard is a fork of it and needs them at once, and a
-# catch-up forks a guard per period (importing them in each guard cost milliseconds each).
-_PRCTL = _load_prctl()
-
-
-def _set_parent_death_signal(sig: int) -> None:
-    if _PRCTL is not None:  # None: not Linux, no parent-death signal
-        _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)

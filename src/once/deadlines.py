@@ -1,0 +1,52 @@
+"""The clock and the rules every lease deadline follows, shared by the CLI, core, api and runner.
+
+Kept apart from once.runner so that a `once run` that skips (and the CLI's option checks)
+never imports the runner's process machinery.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+# --kill-after when it is not given; shortened to fit a short --stale-after (max_grace).
+DEFAULT_KILL_AFTER = 10.0
+
+
+def _lease_clock() -> Callable[[], float]:
+    """CLOCK_BOOTTIME where there is one (Linux): unlike the monotonic clock it goes on
+    counting while the machine is suspended, so an owner that wakes from a suspend knows at
+    once that its lease ran out meanwhile. Elsewhere the monotonic clock."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is not None:
+        try:
+            time.clock_gettime(boottime)
+        except OSError:
+            pass
+        else:
+            return lambda: time.clock_gettime(boottime)
+    return time.monotonic
+
+
+# Every lease deadline is computed and compared on this clock, in every process.
+lease_now: Callable[[], float] = _lease_clock()
+
+
+def max_grace(stale_after: float) -> float:
+    """The longest --kill-after that fits a lease: a third of --stale-after.
+
+    SIGKILL goes out at the lease's deadline (the last renewal sent + --stale-after) and
+    SIGTERM --kill-after before it. Renewals are sent every third of --stale-after, so a
+    third leaves the renewal due before the SIGTERM a whole interval to be answered: a live
+    owner whose ledger answers is never stopped.
+    """
+    return stale_after / 3
+
+
+def kill_after_problem(kill_after: float, stale_after: float) -> str:
+    """Why a --kill-after that was asked for does not fit --stale-after ('' when it does)."""
+    if kill_after <= max_grace(stale_after):
+        return ""
+    return (f"--kill-after {kill_after:g}s does not fit --stale-after {stale_after:g}s: the "
+            f"command must be dead by the lease's deadline, so the grace is at most a third "
+            f"of --stale-after ({max_grace(stale_after):.3g}s)")

@@ -1,0 +1,224 @@
+"""The guard: the process between `once` and the command. No SQL here.
+
+    once (wrapper)                 heartbeats, signals, timeout, deadline
+     └─ once-guard JOB PERIOD      process-group leader; parent-death signal on the wrapper
+         └─ COMMAND ...            parent-death signal (SIGKILL) on the guard
+
+The guard is a fork of the wrapper, not a fresh interpreter: starting one costs 15 to 20 ms
+a command, three times the whole catch-up budget per period. It renames itself at once (its
+comm and its command line, which `ps`, `top` and `pkill -f` read) to `once-guard JOB PERIOD`,
+so that a `pkill -f 'once run'` aimed at the wrappers leaves the guards to kill their
+commands' groups.
+
+Linux delivers a parent-death signal only to the process that asked for it: set on COMMAND
+alone, a shell's children would outlive a wrapper killed by SIGKILL. So the guard asks for
+SIGUSR1 when the wrapper dies and answers it by killing its own process group, which COMMAND
+and everything it starts share (unless they leave it with setsid); and COMMAND asks for
+SIGKILL when the guard dies, so that it dies even when wrapper and guard are killed together
+(what COMMAND started survives that double kill: nobody of ours is left to kill the group).
+Without prctl (not Linux) there are no parent-death signals at all.
+
+The guard reports to the wrapper through a pipe: `started` once COMMAND runs, then one line
+for how it ended (`exit N`, `signal N`, `exec ERRNO`; `lapsed ...` when the guard stepped
+down at the lease's deadline). A guard that dies without its last line was killed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal
+import subprocess
+from collections.abc import Callable
+from contextlib import suppress
+
+from once.deadlines import lease_now
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+
+# The longest a wait sleeps: select's timeout runs on the monotonic clock, which stops while
+# the machine is suspended, and a deadline that passed during a suspend must be noticed soon
+# after the resume. A wake-up a second costs nothing.
+MAX_SLEEP = 1.0
+
+# (the deadline pipe's read end, the lease's deadline, the grace before it for SIGTERM)
+Watch = tuple[int, float, float]
+
+
+def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
+          ignored: frozenset[int] = frozenset(), watch: Watch | None = None,
+          inherited: tuple[int, ...] = ()) -> tuple[int, int]:
+    """Fork the guard (before any thread starts); return its pid and its report pipe.
+
+    inherited: the wrapper's own descriptors, which the guard closes.
+    """
+    report_r, report_w = os.pipe()
+    wrapper = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            for fd in (report_r, *inherited):
+                os.close(fd)
+            code = _guard(command, env, tty, title, wrapper, report_w, ignored, watch)
+        finally:
+            os._exit(code)
+    os.close(report_w)
+    # Set the group from both sides, so that killpg(pid) works whoever runs first.
+    with suppress(OSError):
+        os.setpgid(pid, pid)
+    return pid, report_r
+
+
+def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
+           wrapper: int, report: int, ignored: frozenset[int],
+           watch: Watch | None) -> int:
+    signal.set_wakeup_fd(-1)  # the wrapper's, inherited across the fork
+    os.setpgid(0, 0)
+    _retitle(title)
+    signal.signal(signal.SIGUSR1, _wrapper_died)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for sig in FORWARDED:  # the command gets these itself: it shares our group
+        signal.signal(sig, signal.SIG_IGN if sig in ignored else _ignore)
+    _set_parent_death_signal(signal.SIGUSR1)
+    if os.getppid() != wrapper:  # the wrapper died before the signal was armed
+        _wrapper_died(signal.SIGUSR1, None)
+    if tty is not None:
+        take_terminal(tty, os.getpgrp())
+    try:
+        # Handlers set above reset to default in the command on exec; nothing is blocked,
+        # and only what was ignored when once started stays ignored. The guard has no
+        # threads (it is a fork of one), so preexec_fn is safe here.
+        child = subprocess.Popen(command, env=env,
+                                 preexec_fn=_die_with(os.getpid()) if _PRCTL else None)
+    except OSError as exc:
+        os.write(report, f"exec {exc.errno or errno.ENOEXEC}\n".encode())
+        return 0
+    os.write(report, b"started\n")
+    status, lapsed = _wait(child.pid, watch, report)
+    prefix = "lapsed " if lapsed else ""
+    if os.WIFSIGNALED(status):
+        os.write(report, f"{prefix}signal {os.WTERMSIG(status)}\n".encode())
+    else:
+        os.write(report, f"{prefix}exit {os.waitstatus_to_exitcode(status)}\n".encode())
+    if lapsed:  # stepped down: nothing the command started may carry on
+        os.killpg(0, signal.SIGKILL)
+    return 0
+
+
+def _die_with(guard: int) -> Callable[[], None]:
+    """The command's preexec_fn: SIGKILL when the guard dies (the guard may already have)."""
+    def arm() -> None:
+        _set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() != guard:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return arm
+
+
+def _wait(pid: int, watch: Watch | None, report: int) -> tuple[int, bool]:
+    """The command's wait status, and whether the lease's deadline passed while it ran.
+
+    With a watch the guard steps down on its own, as the wrapper does: SIGTERM to the group
+    (the guard ignores it) the grace before the deadline, SIGKILL at the deadline. A wrapper
+    that is stopped (SIGSTOP, a debugger) or wedged cannot, and its command must be dead
+    before a takeover can start.
+    """
+    try:
+        pidfd = os.pidfd_open(pid) if watch is not None else -1
+    except OSError:  # no pidfd (Linux before 5.3): the wrapper alone watches the deadline
+        pidfd = -1
+    if watch is None or pidfd < 0:
+        return os.waitpid(pid, 0)[1], False
+    fd, deadline, grace = watch
+    stopping = False
+    pending = b""
+    while True:
+        wake = deadline if stopping else deadline - grace
+        watched = [pidfd, fd] if fd >= 0 else [pidfd]
+        pause = min(MAX_SLEEP, max(0.0, wake - lease_now()))
+        readable, _, _ = select.select(watched, [], [], pause)
+        if pidfd in readable:
+            return os.waitpid(pid, 0)[1], stopping
+        if fd in readable:
+            data = os.read(fd, 4096)
+            if not data:
+                fd = -1  # the wrapper is gone: its death signal takes care of us
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            if lines and not stopping:  # a step-down, once begun, is not undone
+                deadline = max(deadline, float(lines[-1]))
+        now = lease_now()
+        if now >= deadline:
+            os.write(report, b"lapsed signal 9\n")
+            os.killpg(0, signal.SIGKILL)  # the command, its children, and this guard
+        elif not stopping and now >= deadline - grace:
+            os.killpg(0, signal.SIGTERM)
+            stopping = True
+
+
+def take_terminal(tty: int, pgrp: int) -> None:
+    # A background group that calls tcsetpgrp gets SIGTTOU unless it blocks it.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
+    try:
+        os.tcsetpgrp(tty, pgrp)
+    except OSError:
+        pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _ignore(_signum: int, _frame: object) -> None:
+    pass
+
+
+def _wrapper_died(_signum: int, _frame: object) -> None:
+    os.killpg(0, signal.SIGKILL)  # the command, its children, and this guard
+
+
+def _retitle(title: str) -> None:
+    """Show as `title` in ps and top: the thread's name (comm) and the argv area (cmdline).
+
+    The argv area is the fork's own copy of the wrapper's; Python keeps copies of its
+    arguments elsewhere, so overwriting it changes nothing but what /proc shows. Its bounds
+    come from /proc/self/stat (fields 48 and 49, Linux 3.5 on).
+    """
+    if _PRCTL is None:
+        return
+    import ctypes
+
+    _PRCTL(_PR_SET_NAME, title.split()[0].encode()[:15], 0, 0, 0)
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        start, end = int(fields[45]), int(fields[46])
+    except (OSError, IndexError, ValueError):
+        return
+    size = end - start
+    if size < 2 or not start:
+        return
+    text = title.encode("utf-8", "replace")[:size - 1]
+    # A NUL after the title and a non-NUL last byte: the kernel reads the area as a title
+    # set by setproctitle and shows it up to that NUL.
+    ctypes.memmove(start, text + b"\0" + b" " * (size - len(text) - 1), size)
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        return None
+
+
+# Loaded here, in the wrapper, once: every guard is a fork of it and needs them at once, and a
+# catch-up forks a guard per period (importing them in each guard cost milliseconds each).
+_PRCTL = _load_prctl()
+
+
+def _set_parent_death_signal(sig: int) -> None:
+    if _PRCTL is not None:  # None: not Linux, no parent-death signal
+        _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
