@@ -72,6 +72,7 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
         raise click.UsageError("no command given: once catchup ... -- COMMAND [ARG]...")
     sched = make_schedule(every, cron, tz)
     the_job = core_job(job, namespace, sched, lag, max_attempts, stale_after, shards)
+    grace = kill_after_for(kill_after, stale_after)
     target = open_target(db, db_password_file)
     first = sched.resolve(since) if since else None
     last = sched.resolve(until) if until else core.current_period(sched, lag)
@@ -85,10 +86,9 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
             for period in todo:
                 click.echo(f"{period.key} {iso(period.start)} {iso(period.end)}")
             return 0
-        settings = core.Settings(kill_after=kill_after_for(kill_after, stale_after),
-                                 timeout=timeout, verbosity=verbosity(verbose, quiet),
-                                 log_format=log_format, state=state,
-                                 max_clock_skew=max_clock_skew,
+        settings = core.Settings(kill_after=grace, timeout=timeout,
+                                 verbosity=verbosity(verbose, quiet), log_format=log_format,
+                                 state=state, max_clock_skew=max_clock_skew,
                                  command_hash=core.command_hash(command, version_tag))
         return core.catch_up(ledger, the_job, todo, command, settings, keep_going,
                              _progress(quiet))

@@ -171,6 +171,9 @@ def run(
     """
     tty = _foreground_tty()
     grace = kill_after if lease is None else min(kill_after, max_grace(lease.stale_after))
+    if lease is not None and not _fresh(lease, grace):
+        lease.step_down_reason()
+        return Outcome("fenced-out", 0, message="the command was not started")
     supervisor = _Supervisor(lease, grace, timeout)
     # Handlers go in before the fork: a signal that arrives while the guard starts is
     # forwarded, not lost (nor fatal to a wrapper whose guard would then kill the command).
@@ -185,6 +188,19 @@ def run(
             os.close(report)
             if tty is not None:
                 _guard.take_terminal(tty, os.getpgrp())
+
+
+def _fresh(lease: Lease, grace: float) -> bool:
+    """Whether the lease leaves the command's first renewal its chance; renewed if need be.
+
+    The claim may have taken longer than a renewal interval (a loaded machine, a first use
+    that created the tables): the SIGTERM before the deadline could then be due before the
+    first renewal was even sent. Renewed here, once, before the command starts; a command
+    that would be stopped at once is not started at all.
+    """
+    if lease_now() >= lease.last_sent + lease.interval:
+        lease.renew_once()
+    return not lease.lost and lease_now() < lease.deadline - grace
 
 
 def _title(env: dict[str, str]) -> str:

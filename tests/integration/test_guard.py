@@ -1,0 +1,243 @@
+"""The guard and the lease's deadline: what dies when, with real processes and signals.
+
+- Killing the guard, or the wrapper and the guard together, leaves nothing of the command
+  running, and nothing is recorded that would let a retry start beside it.
+- The guard is told apart from the wrapper in ps and by pkill -f.
+- A stopped owner's command, deaf to SIGTERM, is dead before a takeover's command starts.
+- --timeout's grace sleeps; --kill-after must fit --stale-after.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import ONCE, run_once, wait_for
+from ledger_sql import query
+from procs import alive, children, parent, pids, process_group, start_once, stat
+
+DAY = ["--every", "day"]
+CALM = "60s"  # a database stalled by a loaded machine must not fence anyone out
+
+# The shell's pid, then its background sleep's; both live until killed.
+SLEEPER = ('exec 2>>"$DIR/child.err"; echo $$ > "$DIR/pids"; '
+           'sleep 600 & echo $! >> "$DIR/pids"; wait')
+# Deaf to SIGTERM, a timestamp (its own clock) a line every 0.1 s, the first one at once.
+LOGGER = ('exec 2>>"$DIR/child.err"; trap "" TERM; echo $$ > "$DIR/pids"; '
+          'while :; do date +%s.%N >> "$DIR/first.log"; sleep 0.1; done')
+
+
+@pytest.fixture(autouse=True)
+def no_strays(tmp_path: Path) -> Iterator[None]:
+    """Whatever a failing test left running of the commands it started is killed."""
+    yield
+    for pid in pids(tmp_path / "pids", 1) or []:
+        if alive(pid):
+            os.killpg(process_group(pid), signal.SIGKILL)
+
+
+@pytest.fixture
+def env(once_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    return {**once_env, "DIR": str(tmp_path)}
+
+
+@pytest.fixture
+def sqlite_env(tmp_path: Path) -> dict[str, str]:
+    """For what does not depend on the ledger: a SQLite file of the test's own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCE_")}
+    env.update(ONCE_DATABASE_URL=f"sqlite:///{tmp_path}/ledger.db", DIR=str(tmp_path),
+               XDG_STATE_HOME=str(tmp_path / "state"))
+    return env
+
+
+def group(pgid: int) -> list[int]:
+    """The live processes of a process group."""
+    found = []
+    for entry in os.listdir("/proc"):
+        fields = stat(int(entry)) if entry.isdigit() else None
+        if fields is not None and int(fields[2]) == pgid and fields[0] not in "ZXx":
+            found.append(int(entry))
+    return found
+
+
+def cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+
+
+def started(tmp_path: Path, count: int = 2) -> tuple[list[int], int]:
+    """The command's pids (as it wrote them) and its guard's pid."""
+    written = wait_for(lambda: pids(tmp_path / "pids", count), what="the command's pids")
+    return written, parent(written[0])
+
+
+# -- the guard's death -------------------------------------------------------------------------
+
+
+def test_killing_the_guard_kills_the_command_before_anything_is_recorded(
+        env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
+    owner = start_once("run", "--job", "guard", *DAY, "--stale-after", CALM, "--", "sh", "-c",
+                       SLEEPER, env=env)
+    (shell, sleeper), guard = started(tmp_path)
+    assert process_group(shell) == guard == process_group(sleeper)
+    os.kill(guard, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_for(lambda: not group(guard), timeout=2.0,
+             what="the command and its child to die with the guard")
+    assert time.monotonic() - killed < 2.0
+    status = owner.wait(30)
+    err = owner.stderr.read() if owner.stderr else ""
+    # Recorded only now, with the whole group dead: the retry it allows runs alone.
+    assert not group(guard) and not alive(shell) and not alive(sleeper)
+    assert status == 137, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and "guard process was killed by signal 9" in lines[0], err
+    assert "recorded failed" in lines[0]
+    assert query(ledger_url, "SELECT status, exit_code FROM once_runs") == [("failed", 137)]
+    assert query(ledger_url, "SELECT outcome FROM once_attempts") == [("guard-died",)]
+    retry = run_once("run", "--job", "guard", *DAY, "--stale-after", CALM, "--", "true",
+                     env=env)
+    assert retry.returncode == 0, retry.stderr
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 2)]
+
+
+def test_killing_wrapper_and_guard_together_kills_the_command(
+        env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
+    # The command holds a parent-death SIGKILL of its own: nobody of ours is left to kill it.
+    owner = start_once("run", "--job", "both", *DAY, "--stale-after", CALM, "--", "sh", "-c",
+                       'echo $$ > "$DIR/pids"; exec sleep 600', env=env)
+    (command,), guard = started(tmp_path, 1)
+    for pid in (owner.pid, guard):
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not alive(command), timeout=2.0, what="the command to die")
+    owner.wait(10)
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("running", 1)]
+
+
+def test_pkill_f_once_run_spares_the_guard_which_kills_the_whole_group(
+        env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
+    owner = start_once("run", "--job", "pkill", *DAY, "--stale-after", CALM, "--", "sh", "-c",
+                       SLEEPER, env=env)
+    (shell, sleeper), guard = started(tmp_path)
+    # `pkill -9 -f 'once run'`, kept to this test's own processes: the wrapper and what it
+    # started.
+    tree = [owner.pid, guard, shell, sleeper]
+    matched = [pid for pid in tree if alive(pid) and "once run" in cmdline(pid)]
+    assert matched == [owner.pid]
+    for pid in matched:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not group(guard), timeout=2.0, what="the whole group to die")
+    owner.wait(10)
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("running", 1)]
+
+
+def test_the_guard_is_named_once_guard_job_period(sqlite_env: dict[str, str],
+                                                   tmp_path: Path) -> None:
+    owner = start_once("run", "--job", "named", "--every", "day", "--stale-after", CALM, "--",
+                       "sh", "-c", SLEEPER, env=sqlite_env)
+    try:
+        _, guard = started(tmp_path)
+        period = time.strftime("%Y-%m-%d", time.gmtime())
+        assert Path(f"/proc/{guard}/comm").read_text().strip() == "once-guard"
+        assert cmdline(guard) == f"once-guard named {period}"
+        assert "once run" in cmdline(owner.pid)
+        assert children(owner.pid) == [guard]
+    finally:
+        owner.send_signal(signal.SIGTERM)
+        owner.wait(30)
+
+
+# -- the lease's deadline ----------------------------------------------------------------------
+
+
+def test_a_stopped_owners_command_is_dead_before_the_takeover_starts(
+        env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
+    # --kill-after is left to its default (10 s), which a 3 s lease cuts to 1 s: SIGTERM a
+    # second before the deadline, SIGKILL at it, from the guard (the wrapper is stopped).
+    args = ["run", "--job", "stopped", *DAY, "--stale-after", "3s", "--"]
+    first = start_once(*args, "sh", "-c", LOGGER, env=env)
+    started(tmp_path, 1)
+    wait_for(lambda: (tmp_path / "first.log").exists(), what="the first command's log")
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        def took_over() -> bool:
+            result = run_once(*args, "sh", "-c", 'date +%s.%N > "$DIR/second"', env=env)
+            assert result.returncode == 0, result.stderr
+            return (tmp_path / "second").exists()
+
+        wait_for(took_over, what="a second attempt to take over")
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    status = first.wait(30)
+    assert status == 70
+    last_line = float((tmp_path / "first.log").read_text().split()[-1])
+    second_began = float((tmp_path / "second").read_text())
+    assert last_line < second_began, (
+        f"the stopped owner's command wrote {last_line - second_began:.2f}s after the "
+        f"takeover's command began")
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 2)]
+
+
+def test_the_timeout_grace_sleeps(sqlite_env: dict[str, str], tmp_path: Path) -> None:
+    # --timeout 1s --kill-after 4s on a command deaf to SIGTERM: four seconds of waiting for
+    # the SIGKILL, which must not be spent spinning. The ledger is made first: creating its
+    # tables costs a first run more CPU than the limit.
+    warm = run_once("run", "--job", "warm", *DAY, "--", "true", env=sqlite_env)
+    assert warm.returncode == 0, warm.stderr
+    proc = subprocess.Popen(
+        [ONCE, "run", "--job", "grace", *DAY, "--stale-after", CALM, "--timeout",
+         "1s", "--kill-after", "4s", "--", "sh", "-c", 'trap "" TERM; sleep 600 & wait'],
+        env=sqlite_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    began = time.monotonic()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    took = time.monotonic() - began
+    assert proc.returncode == 124
+    assert took >= 5.0 - 0.2
+    cpu = usage.ru_utime + usage.ru_stime  # once, its guard and the command, all of it
+    assert cpu < 1.0, f"{cpu:.2f}s of CPU in {took:.1f}s"
+
+
+# -- --kill-after must fit --stale-after -------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["run", "catchup", "environment"])
+def test_a_kill_after_that_does_not_fit_stale_after_is_a_usage_error(
+        sqlite_env: dict[str, str], tmp_path: Path, how: str) -> None:
+    env = dict(sqlite_env)
+    given = ["--kill-after", "2s"]
+    if how == "environment":
+        env["ONCE_RUN_KILL_AFTER"], given = "2s", []
+    command = "catchup" if how == "catchup" else "run"
+    extra = ["--since", "2026-01-01"] if how == "catchup" else []
+    result = run_once(command, "--job", "fit", *DAY, *extra, "--stale-after", "3s", *given,
+                      "--", "touch", str(tmp_path / "ran"), env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "once: --kill-after 2s does not fit --stale-after 3s: the command must be dead by "
+        "the lease's deadline, so the grace is at most a third of --stale-after (1s)"]
+    assert not (tmp_path / "ran").exists()
+    assert not (tmp_path / "ledger.db").exists()  # nothing was claimed, nor even opened
+    fits = run_once(command, "--job", "fit", *DAY, *extra, "--stale-after", "3s",
+                    "--kill-after", "1s", "--", "touch", str(tmp_path / "ran"), env=sqlite_env)
+    assert fits.returncode == 0, fits.stderr
+    assert (tmp_path / "ran").exists()
+
+
+def test_rerun_checks_kill_after_against_the_jobs_stale_after(
+        env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
+    first = run_once("run", "--job", "again", *DAY, "--stale-after", "3s", "--", "true",
+                     env=env)
+    assert first.returncode == 0, first.stderr
+    (period,) = query(ledger_url, "SELECT period FROM once_runs")[0]
+    result = run_once("rerun", "--job", "again", "--period", period, "--kill-after", "2s",
+                      "--", "touch", str(tmp_path / "ran"), env=env)
+    assert result.returncode == 2, result.stderr
+    assert "does not fit --stale-after 3s" in result.stderr
+    assert not (tmp_path / "ran").exists()
+    assert query(ledger_url, "SELECT count(*) FROM once_attempts") == [(1,)]
