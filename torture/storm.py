@@ -140,7 +140,8 @@ class Storm:
     def fire(self) -> None:
         spec = self.spec
         common = ["--job", spec.job, "--every", "hour", "--stale-after", f"{spec.stale:g}s",
-                  "--kill-after", "2s", "--max-attempts", str(spec.max_attempts), "-v",
+                  "--kill-after", f"{min(2.0, spec.stale / 3):g}s",
+                  "--max-attempts", str(spec.max_attempts), "-v",
                   "--log-format", "json"]
         choice = self.rng.random()
         if choice < 0.6:
