@@ -93,10 +93,12 @@ def test_a_rerun_racing_a_rerun_is_refused(env: dict[str, str], tmp_path: Path,
                                            ledger_url: str) -> None:
     assert run_once("run", "--job", "r", *DAY, "--", "true", env=env).returncode == 0
     period = scalar(ledger_url, "SELECT period FROM once_runs")
+    # The winner's command outlasts the loser's start, its wait for SQLite's period lock (1 s)
+    # and a loaded machine's delays: the two reruns overlap for sure.
     for round_ in range(3):
         marker = tmp_path / f"ran.{round_}"
         rerun = [ONCE, "rerun", "--job", "r", "--period", period, "--", "sh", "-c",
-                 f'echo $ONCE_ATTEMPT >> "{marker}"; sleep 1']
+                 f'echo $ONCE_ATTEMPT >> "{marker}"; sleep 3']
         results = release_together([rerun, rerun], tmp_path / "gate", env)
         statuses = sorted(r.returncode for r in results)
         assert statuses == [0, 69], [r.stderr for r in results]
@@ -210,6 +212,13 @@ def _faketime(env: dict[str, str], offset: str) -> dict[str, str]:
     return {**env, "LD_PRELOAD": library, "FAKETIME": offset, "DONT_FAKE_MONOTONIC": "1"}
 
 
+def _not_near_midnight(margin: float) -> None:
+    """Wait out the last `margin` seconds of a UTC day, so that a test's periods stay put."""
+    left = 86400 - time.time() % 86400
+    if left < margin:
+        time.sleep(left + 1)
+
+
 @pytest.mark.parametrize("offset", ["-9000d", "-1d", "+1d"])
 def test_a_host_with_a_wrong_clock_claims_nothing(env: dict[str, str], tmp_path: Path,
                                                   ledger_url: str, offset: str) -> None:
@@ -242,13 +251,15 @@ def test_sqlite_a_clock_stepped_forward_does_not_take_over_a_live_owner(
         env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
     if not ledger_url.startswith("sqlite"):
         pytest.skip("the server backends judge staleness by the database's clock")
+    # The step must not carry the next fire into the next day (another period).
+    _not_near_midnight(margin=180)
     owner = start_once("run", "--job", "s", *DAY, "--stale-after", "5s", "--", "sh", "-c",
                        WAITER, env=env)
     try:
         pid = _pid(tmp_path)
-        # The next fire believes it is an hour later: by the clock the owner is long stale.
+        # The next fire believes it is a minute later: by the clock the owner is long stale.
         stepped = run_once("run", "--job", "s", *DAY, "--", "touch",
-                           str(tmp_path / "second"), env=_faketime(env, "+1h"))
+                           str(tmp_path / "second"), env=_faketime(env, "+60s"))
         assert stepped.returncode == 0, stepped.stderr
         assert not (tmp_path / "second").exists(), "a live owner was taken over"
         assert alive(pid)

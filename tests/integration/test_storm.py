@@ -44,7 +44,10 @@ def _limited_login(backend: object, ledger_url: str) -> tuple[str, str]:
             cur.execute(f"CREATE USER '{name}'@'localhost' WITH MAX_USER_CONNECTIONS {LIMIT}")
             for host in ("%", "localhost"):
                 cur.execute(f"GRANT ALL ON {database}.* TO '{name}'@'{host}'")
-    netloc = f"{name}@{parts.hostname}:{parts.port}"
+    # Keep the server's address as written: host and port, or none (a unix socket named in
+    # the query, as the embedded PostgreSQL's URL does).
+    address = parts.netloc.rpartition("@")[2]
+    netloc = f"{name}@{address}"
     return parts._replace(netloc=netloc).geturl(), name
 
 
