@@ -532,7 +532,8 @@ CHILD_ENV = (
         "any period of this job. Store it with the job's writes and refuse a write "
         "that carries a smaller one.",
     ),
-    ("ONCE_TZ", "The job's time zone."),
+    ("ONCE_PERIOD_TZ", "The job's time zone (named so that a `once` the command starts does "
+                       "not take it for its own `ONCE_TZ`)."),
     ("ONCE_STATE", "With `--state`: the job's watermark as the last successful run left it "
                    "(empty at first)."),
     ("ONCE_STATE_OUT", "With `--state`: a file path where the command may write the next "
@@ -548,7 +549,8 @@ CHILD_ENV = (
 CHILD_ENV_INTRO = """\
 `once run`, `once catchup` and `once rerun` run the command directly, without a shell, with
 standard input, output and error passed through and these variables added to its
-environment:
+environment. A `once` that the command or a hook starts is not changed by any of them: none
+is a variable `once` reads, and an outer run's are replaced or removed, never passed on:
 """
 
 FILES = (

@@ -291,7 +291,7 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
     """Claim the current period of JOB and, if this call wins it, run COMMAND.
 
     COMMAND runs directly (no shell) with ONCE_JOB, ONCE_PERIOD, ONCE_PERIOD_START,
-    ONCE_PERIOD_END, ONCE_ATTEMPT, ONCE_FENCE and ONCE_TZ in its environment. once exits
+    ONCE_PERIOD_END, ONCE_PERIOD_TZ, ONCE_ATTEMPT and ONCE_FENCE in its environment. once exits
     with the command's status (128+N for signal N), 0 when the period is done or held
     (--skipped-exit-code), 2 on a usage error, 70 when the claim was lost while the command
     ran, 75 when the ledger could not be reached, 124 on --timeout.

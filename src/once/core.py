@@ -92,17 +92,27 @@ def current_period(schedule: Schedule, lag: int = 0, now: datetime | None = None
     return schedule.shifted(period, -lag) if lag else period
 
 
+# Every name `once` gives the command or a hook (README "The command's environment"). None
+# is a variable `once` reads (ONCE_TZ, read as --tz, is given as ONCE_PERIOD_TZ), and each is
+# dropped from what the command inherits before this run's own are set: a `once` that the
+# command or a hook starts behaves as it does when cron starts it, and never sees an outer
+# run's shard, watermark file or attempt as its own.
+EXPORTED = ("ONCE_JOB", "ONCE_PERIOD", "ONCE_PERIOD_START", "ONCE_PERIOD_END",
+            "ONCE_PERIOD_TZ", "ONCE_ATTEMPT", "ONCE_FENCE", "ONCE_STATE", "ONCE_STATE_OUT",
+            "ONCE_SHARD", "ONCE_SHARDS", "ONCE_OUTCOME", "ONCE_STATUS")
+
+
 def child_env(job: Job, period: Period, claim: Claim | None, shard: int | None = None,
               claimed: bool = True) -> dict[str, str]:
     """The command's environment (README "The command's environment"); a skip's hooks get
     it without the attempt."""
-    env = dict(os.environ)
+    env = {name: value for name, value in os.environ.items() if name not in EXPORTED}
     env.update({
         "ONCE_JOB": job.name,
         "ONCE_PERIOD": period.key,
         "ONCE_PERIOD_START": iso(period.start),
         "ONCE_PERIOD_END": iso(period.end),
-        "ONCE_TZ": job.tz,
+        "ONCE_PERIOD_TZ": job.tz,
     })
     if claimed and claim is not None:
         env.update({"ONCE_ATTEMPT": str(claim.attempt), "ONCE_FENCE": str(claim.fence)})

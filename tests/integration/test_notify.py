@@ -322,7 +322,7 @@ def test_hooks_see_the_run_for_done_failed_and_skips(env: dict[str, str], tmp_pa
     period = seen["ONCE_PERIOD"]
     assert seen == {"ONCE_JOB": "ns:hooked", "ONCE_PERIOD": period,
                     "ONCE_PERIOD_START": seen["ONCE_PERIOD_START"],
-                    "ONCE_PERIOD_END": seen["ONCE_PERIOD_END"], "ONCE_TZ": "UTC",
+                    "ONCE_PERIOD_END": seen["ONCE_PERIOD_END"], "ONCE_PERIOD_TZ": "UTC",
                     "ONCE_ATTEMPT": "1", "ONCE_FENCE": seen["ONCE_FENCE"],
                     "ONCE_OUTCOME": "done", "ONCE_STATUS": "0"}
     assert query(ledger_url, "SELECT period, fence FROM once_runs") == [

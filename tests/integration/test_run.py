@@ -92,7 +92,7 @@ def test_child_environment(once_env: dict[str, str], tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout)
     assert seen["ONCE_JOB"] == "prod:env"
-    assert seen["ONCE_TZ"] == "Europe/Berlin"
+    assert seen["ONCE_PERIOD_TZ"] == "Europe/Berlin" and "ONCE_TZ" not in seen
     assert seen["ONCE_ATTEMPT"] == "1"
     assert int(seen["ONCE_FENCE"]) >= 1
     key = seen["ONCE_PERIOD"]
