@@ -262,6 +262,11 @@ def report_rows(now: object) -> tuple[list[tuple[object, ...]], list[tuple[objec
     return jobs, runs
 
 
+# The seeded columns of once_runs (the rest take their defaults).
+RUN_COLUMNS = ("(job, period, status, attempt, fence, owner, period_start, period_end, "
+               "started_at, heartbeat_at, finished_at, exit_code)")
+
+
 def seed_sqlite(url: str, jobs: list[tuple[object, ...]], runs: list[tuple[object, ...]]) -> None:
     import sqlite3
     from datetime import datetime
@@ -280,7 +285,7 @@ def seed_sqlite(url: str, jobs: list[tuple[object, ...]], runs: list[tuple[objec
         conn.executemany(f"INSERT INTO once_jobs (job, fence, fires, kind, schedule, tz, lag, "
                          f"max_attempts, stale_after, first_period_start, created_at, "
                          f"last_fire_at) VALUES ({', '.join('?' * 12)})", map(text, jobs))
-        conn.executemany(f"INSERT INTO once_runs VALUES ({', '.join('?' * 12)})",
+        conn.executemany(f"INSERT INTO once_runs {RUN_COLUMNS} VALUES ({', '.join('?' * 12)})",
                          map(text, runs))
         conn.executemany("INSERT INTO once_attempts (job, period, attempt, fence, owner, status, "
                          "started_at, finished_at, exit_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -324,7 +329,7 @@ def seed_postgres(url: str, jobs: list[tuple[object, ...]],
                           "last_fire_at) FROM STDIN") as copy:
                 for row in jobs:
                     copy.write_row(row)
-            with cur.copy("COPY once_runs FROM STDIN") as copy:
+            with cur.copy(f"COPY once_runs {RUN_COLUMNS} FROM STDIN") as copy:
                 for row in runs:
                     copy.write_row(row)
             with cur.copy("COPY once_attempts (job, period, attempt, fence, owner, status, "
