@@ -90,19 +90,26 @@ def limited_login(admin_url: str) -> tuple[str, object]:
     (its URL, a function that drops both)."""
     import psycopg
 
+    from once.ledger import parse_url
+
+    admin = parse_url(admin_url).connect_args["conninfo"]
     name = "once_fleet_" + uuid.uuid4().hex[:8]
-    with psycopg.connect(admin_url, autocommit=True) as conn:
+    with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {name}")
         conn.execute(f"CREATE ROLE {name} LOGIN CONNECTION LIMIT {CONNECTION_LIMIT}")
         conn.execute(f"GRANT ALL ON SCHEMA {name} TO {name}")
     parts = urlsplit(admin_url)
-    url = parts._replace(netloc=f"{name}@{parts.hostname}:{parts.port}",
-                         query=f"options=-csearch_path%3D{name}").geturl()
+    # The server's address as written (host:port, or none: a unix socket in the query).
+    address = parts.netloc.rpartition("@")[2]
+    query = "&".join(q for q in parts.query.split("&") if q and not q.startswith("options="))
+    url = parts._replace(netloc=f"{name}@{address}",
+                         query="&".join(filter(None, [query, f"options=-csearch_path%3D{name}"]))
+                         ).geturl()
     subprocess.run([str(Path(sys.executable).with_name("once")), "schema"], check=True,
                    env={**os.environ, "ONCE_DATABASE_URL": url}, capture_output=True)
 
     def drop() -> None:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
+        with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {name} CASCADE")
             conn.execute(f"DROP ROLE {name}")
 
