@@ -41,6 +41,7 @@ COMMAND_ORDER = (
     "check",
     "periods",
     "metrics",
+    "serve",
     "schema",
     "prune",
     "state",
@@ -399,7 +400,8 @@ A failed period is tried again by the next `once run` that fires within it, so a
 fires every few minutes retries failures and costs one short transaction once the period is
 done. `once catchup` and `once run --catchup` make up periods nobody ran, oldest first, each
 claimed exactly as `once run` claims it; `once rerun` runs a done or failed period again.
-`once status`, `once history`, `once check` and `once metrics` make absence loud.
+`once status`, `once history`, `once check`, `once metrics` and `once serve` (a read-only
+dashboard, `/metrics` for Prometheus and `/healthz`) make absence loud.
 
 The table `once_runs` is public, for monitoring to read: `job` and `period` (the primary key),
 `status` (`running`, `done` or `failed`), `attempt` (from 1), `fence`, `owner` (host name and
@@ -468,6 +470,13 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
                 "missing nor failed.",
             ),
         ),
+    ),
+    (
+        "once serve",
+        "0 when SIGTERM or SIGINT stopped it; 2 on a usage error, an address it cannot listen "
+        "on included. An unreachable ledger never stops it: its pages say so and `/healthz` "
+        "answers 503.",
+        (),
     ),
     (
         "other commands",

@@ -14,6 +14,7 @@ import click
 
 from once.cli import (
     DURATION,
+    DURATION_OR_OFF,
     Duration,
     cli,
     clock_option,
@@ -378,3 +379,51 @@ def metrics(db: str | None, db_password_file: str | None, namespace: str | None)
     from once import report
 
     return report.metrics(open_target(db, db_password_file), namespace)
+
+
+# -- once serve -----------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--listen", default="127.0.0.1:8321", show_default=True, metavar="HOST:PORT",
+              help="Where to listen; 0.0.0.0:8321 (or [::]:8321) for every interface.")
+@ledger_options
+@click.option("--refresh", default="30s", show_default=True, type=DURATION_OR_OFF,
+              help="How often the pages reload themselves; 0 or off: never.")
+@click.option("--read-timeout", default="5s", show_default=True, type=DURATION,
+              help="Give up on a ledger read after this long: the pages say the ledger is "
+                   "unreachable and /healthz answers 503.")
+@click.option("--token-file", metavar="PATH", type=click.Path(dir_okay=False),
+              help="Require the token in PATH (Authorization: Bearer TOKEN, or HTTP Basic "
+                   "with it as password) for every page but /healthz.")
+def serve(listen: str, db: str | None, db_password_file: str | None, namespace: str | None,
+          refresh: float, read_timeout: float, token_file: str | None) -> int:
+    """Serve the ledger read-only over HTTP: / (every job, problems first), /job/NAME,
+    /metrics (as once metrics), /api/status (as once status --json) and /healthz.
+
+    Nothing it serves changes the ledger. It runs until SIGTERM or SIGINT (exit 0).
+    """
+    from once import serve as server
+
+    try:
+        host, port = server.parse_listen(listen)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    token = _read_token(token_file) if token_file else None
+    settings = server.Settings(open_target(db, db_password_file), namespace, refresh,
+                               read_timeout, token)
+    try:
+        return server.serve(settings, host, port)
+    except OSError as exc:
+        raise click.UsageError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+
+
+def _read_token(path: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            token = handle.read().strip()
+    except OSError as exc:
+        raise click.UsageError(f"cannot read --token-file {path}: {exc.strerror}") from None
+    if not token:
+        raise click.UsageError(f"--token-file {path} holds no token")
+    return token

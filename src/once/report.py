@@ -640,10 +640,16 @@ def _load(target: Target, names: Sequence[str] | None, namespace: str | None,
           grace: float = 0.0) -> tuple[list[JobState], datetime]:
     try:
         with _reading(target) as conn:
-            now = _db_now(conn, target)
-            return survey(conn, target, _select_jobs(conn, names, namespace), now, grace), now
+            return survey_jobs(conn, target, names, namespace, grace)
     except _NoLedger:
         return [], datetime.now(UTC)
+
+
+def survey_jobs(conn: Connection, target: Target, names: Sequence[str] | None,
+                namespace: str | None, grace: float = 0.0) -> tuple[list[JobState], datetime]:
+    """The named jobs (all of them, or those of a namespace) at the database's now."""
+    now = _db_now(conn, target)
+    return survey(conn, target, _select_jobs(conn, names, namespace), now, grace), now
 
 
 def status(target: Target, jobs_named: Sequence[str], namespace: str | None,
@@ -656,14 +662,7 @@ def status(target: Target, jobs_named: Sequence[str], namespace: str | None,
     if timeline and states:
         drawings = _timelines(target, states, last)
     if as_json:
-        out = []
-        for s in states:
-            obj = status_object(s)
-            if timeline:
-                obj["timeline"] = [{"period": p.key, "start": iso(p.start), "state": cell}
-                                   for p, cell in drawings.get(s.name, [])]
-            out.append(obj)
-        _print(json.dumps(out, indent=2))
+        _print(json.dumps(status_objects(states, drawings if timeline else None), indent=2))
     elif timeline:
         from once import timeline as draw
 
@@ -676,6 +675,20 @@ def status(target: Target, jobs_named: Sequence[str], namespace: str | None,
     for name in unknown:
         _say(f"unknown job {name!r}: no run of it in the ledger {target.redacted}")
     return 2 if unknown else 0
+
+
+def status_objects(states: Sequence[JobState],
+                   drawings: dict[str, list[tuple[Period, str]]] | None = None
+                   ) -> list[dict[str, Any]]:
+    """The array `once status --json` prints; with drawings, each job's `timeline` too."""
+    out = []
+    for s in states:
+        obj = status_object(s)
+        if drawings is not None:
+            obj["timeline"] = [{"period": p.key, "start": iso(p.start), "state": cell}
+                               for p, cell in drawings.get(s.name, [])]
+        out.append(obj)
+    return out
 
 
 def status_object(s: JobState) -> dict[str, Any]:
@@ -852,30 +865,40 @@ def history(target: Target, stored_job: str, limit: int, as_json: bool,
     """`once history JOB`: every attempt, newest first."""
     try:
         with _reading(target) as conn:
-            now = _db_now(conn, target)
-            job_rows = _select_jobs(conn, [stored_job], None)
-            if not job_rows:
+            found = attempt_entries(conn, target, stored_job, limit, period)
+            if found is None:
                 raise _NoLedger
-            job = job_rows[0]
-            query = select(attempts).where(attempts.c.job == stored_job)
-            if period is not None:
-                query = query.where(attempts.c.period == period)
-            query = query.order_by(attempts.c.started_at.desc(), attempts.c.attempt.desc())
-            rows = conn.execute(query.limit(limit)).all()
-            holders = _holders(conn, stored_job, {r.period for r in rows})
+            tz, entries = found
     except _NoLedger:
         _say(f"unknown job {stored_job!r}: no run of it in the ledger {target.redacted}")
         return 2
+    if as_json:
+        _print(json.dumps(entries, indent=2))
+    else:
+        _render_history(stored_job, tz, entries)
+    return 0
+
+
+def attempt_entries(conn: Connection, target: Target, stored_job: str, limit: int,
+                    period: str | None = None) -> tuple[str, list[dict[str, Any]]] | None:
+    """The job's zone and its latest attempts, newest first, as `once history --json` shows
+    them; None when the job has never run."""
+    now = _db_now(conn, target)
+    job_rows = _select_jobs(conn, [stored_job], None)
+    if not job_rows:
+        return None
+    job = job_rows[0]
+    query = select(attempts).where(attempts.c.job == stored_job)
+    if period is not None:
+        query = query.where(attempts.c.period == period)
+    query = query.order_by(attempts.c.started_at.desc(), attempts.c.attempt.desc())
+    rows = conn.execute(query.limit(limit)).all()
+    holders = _holders(conn, stored_job, {r.period for r in rows})
     try:
         tz: Any = _zone(job.tz)
     except SpecError:
         tz = UTC
-    entries = [_attempt_entry(r, holders.get(r.period), now, tz) for r in rows]
-    if as_json:
-        _print(json.dumps(entries, indent=2))
-    else:
-        _render_history(stored_job, job.tz, entries)
-    return 0
+    return job.tz, [_attempt_entry(r, holders.get(r.period), now, tz) for r in rows]
 
 
 def _zone(name: str) -> Any:
@@ -928,13 +951,17 @@ def metrics(target: Target, namespace: str | None) -> int:
     """`once metrics`: Prometheus text exposition format, for the textfile collector."""
     try:
         with _reading(target) as conn:
-            now = _db_now(conn, target)
-            states = survey(conn, target, _select_jobs(conn, None, namespace), now)
-            counts = _attempt_counts(conn, [s.name for s in states])
+            states, _ = survey_jobs(conn, target, None, namespace)
+            text = metrics_text(conn, states)
     except _NoLedger:
-        states, counts = [], {}
-    sys.stdout.write(exposition(states, counts))
+        text = exposition([], {})
+    sys.stdout.write(text)
     return 0
+
+
+def metrics_text(conn: Connection, states: Sequence[JobState]) -> str:
+    """What `once metrics` prints for these jobs (their attempts are counted on conn)."""
+    return exposition(states, _attempt_counts(conn, [s.name for s in states]))
 
 
 @dataclass
@@ -1222,28 +1249,31 @@ def _timelines(target: Target, states: Sequence[JobState],
                last: int | None) -> dict[str, list[tuple[Period, str]]]:
     """Each job's latest periods, up to the one `once run` claims now, and their state:
     done, failed, missing, running, stale, pending (not due yet) or none (before the first)."""
-    drawn: dict[str, list[tuple[Period, str]]] = {}
     with _reading(target) as conn:
-        for s in states:
-            if s.sched is None or s.current is None:
-                drawn[s.name] = []
-                continue
-            count = min(max(1, last or default_last(s)), MAX_LAST)
-            shown = [s.current]
-            first = _utc(s.first.start) if s.first is not None else _NEVER
-            while len(shown) < count and _utc(shown[-1].start) > first:
-                shown.append(s.sched.previous(shown[-1]))  # not before the job's first period
-            shown.reverse()
-            query = select(runs.c.period, runs.c.status, runs.c.heartbeat_at,
-                           runs.c.stale_after).where(
-                runs.c.job == s.name,
-                runs.c.period_start >= _bind(target, shown[0].start),
-                runs.c.period_start < _bind(target, shown[-1].end))
-            rows: dict[str, list[Any]] = {}
-            for row in conn.execute(query):
-                rows.setdefault(row.period.partition("#")[0], []).append(row)
-            drawn[s.name] = [(p, _cell(s, p, rows.get(p.key, []))) for p in shown]
-    return drawn
+        return {s.name: timeline_cells(conn, target, s, last) for s in states}
+
+
+def timeline_cells(conn: Connection, target: Target, s: JobState,
+                   last: int | None) -> list[tuple[Period, str]]:
+    """The job's `last` latest periods (default_last when None) and their states, oldest
+    first, as `once status --timeline` draws them."""
+    if s.sched is None or s.current is None:
+        return []
+    count = min(max(1, last or default_last(s)), MAX_LAST)
+    shown = [s.current]
+    first = _utc(s.first.start) if s.first is not None else _NEVER
+    while len(shown) < count and _utc(shown[-1].start) > first:
+        shown.append(s.sched.previous(shown[-1]))  # not before the job's first period
+    shown.reverse()
+    query = select(runs.c.period, runs.c.status, runs.c.heartbeat_at,
+                   runs.c.stale_after).where(
+        runs.c.job == s.name,
+        runs.c.period_start >= _bind(target, shown[0].start),
+        runs.c.period_start < _bind(target, shown[-1].end))
+    rows: dict[str, list[Any]] = {}
+    for row in conn.execute(query):
+        rows.setdefault(row.period.partition("#")[0], []).append(row)
+    return [(p, _cell(s, p, rows.get(p.key, []))) for p in shown]
 
 
 def _cell(s: JobState, period: Period, rows: list[Any]) -> str:

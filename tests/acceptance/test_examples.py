@@ -22,7 +22,7 @@ def once_invocations() -> list[tuple[str, list[str]]]:
     """Every `once …` command line written in the examples, split as the shell would."""
     found: list[tuple[str, list[str]]] = []
     for path in sorted(EXAMPLES.rglob("*")):
-        if not path.is_file() or path.name in ("Dockerfile", "cronjob.yaml"):
+        if not path.is_file() or path.name in ("Dockerfile", "cronjob.yaml", "serve.yaml"):
             continue
         for line in path.read_text().splitlines():
             line = line.split("#", 1)[0] if path.suffix != ".service" else line
@@ -32,7 +32,8 @@ def once_invocations() -> list[tuple[str, list[str]]]:
                     if word.endswith("once") and words[i + 1] in cli.commands:
                         found.append((f"{path.name}: {piece.strip()}", words[i + 1:]))
                         break
-    found.append(("cronjob.yaml", k8s.command(EXAMPLES / "kubernetes" / "cronjob.yaml")[1:]))
+    for name in ("cronjob.yaml", "serve.yaml"):
+        found.append((name, k8s.command(EXAMPLES / "kubernetes" / name)[1:]))
     return found
 
 
@@ -66,3 +67,14 @@ def test_backfill_walkthrough_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "late bank file" in done.stdout
     assert done.stdout.count("2026-11-0") >= 7
+
+
+def test_the_serve_manifest_reads_the_cronjobs_ledger_secret() -> None:
+    serve = (EXAMPLES / "kubernetes" / "serve.yaml").read_text()
+    cronjob = (EXAMPLES / "kubernetes" / "cronjob.yaml").read_text()
+    assert k8s.command(EXAMPLES / "kubernetes" / "serve.yaml")[:2] == ["once", "serve"]
+    for kind in ("kind: Deployment", "kind: Service", "kind: ServiceMonitor"):
+        assert kind in serve
+    secret = "secretKeyRef:\n                  name: once-ledger\n                  key: url"
+    assert "name: once-ledger" in cronjob and secret in serve
+    assert "path: /healthz" in serve and "path: /metrics" in serve
