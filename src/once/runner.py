@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import os
+import queue
 import select
 import signal
 import threading
@@ -120,6 +121,7 @@ class Lease:
             raise NoAnswer("a renewal got no answer from the ledger")
         box: list[T] = []
         error: list[BaseException] = []
+        done = threading.Event()
 
         def work() -> None:
             try:
@@ -128,11 +130,12 @@ class Lease:
                 error.append(exc)
             finally:
                 self.lock.release()
+                done.set()
 
-        worker = threading.Thread(target=work, daemon=True)
-        worker.start()
-        worker.join(max(floor, limit - lease_now()))
-        if worker.is_alive():
+        worker = _Worker.get()
+        worker.submit(work)
+        if not done.wait(max(floor, limit - lease_now())):
+            worker.abandon()  # stuck in the driver: later calls get a worker of their own
             raise NoAnswer("the final write got no answer from the ledger")
         if error:
             raise error[0]
@@ -153,6 +156,44 @@ class Lease:
         """Past the deadline with no error seen: a renewal is still waiting for an answer."""
         if not self.lost and not self.last_error:
             self.last_error = "a renewal got no answer from the ledger"
+
+
+class _Worker:
+    """One thread that runs the statements Lease.call bounds, one after another: a catch-up
+    writes a result per period, and a thread each cost more than the write. A worker left
+    stuck in a hung statement is abandoned (its statement may still finish) and replaced."""
+
+    _current: _Worker | None = None
+    _guard = threading.Lock()
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, daemon=True, name="once-finish")
+        self.thread.start()
+
+    @classmethod
+    def get(cls) -> _Worker:
+        with cls._guard:
+            worker = cls._current
+            # A fork (the Python API's) has no threads: its parent's worker is not its own.
+            if worker is None or worker.pid != os.getpid() or not worker.thread.is_alive():
+                worker = cls._current = _Worker()
+            return worker
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.jobs.put(job)
+
+    def abandon(self) -> None:
+        with self._guard:
+            if _Worker._current is self:
+                _Worker._current = None
+
+    def _serve(self) -> None:
+        # Signals are the main thread's business: keep them from interrupting a statement.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {*FORWARDED, signal.SIGCHLD})
+        while True:
+            self.jobs.get()()
 
 
 def run(
@@ -235,7 +276,9 @@ class _Supervisor:
         self.ignored = frozenset(sig for sig in FORWARDED
                                  if signal.getsignal(sig) == signal.SIG_IGN)
         self.stop_heartbeat = threading.Event()
-        self.beat = threading.Thread()  # replaced in wait()
+        # Started when the first renewal is due: a command that ends sooner (most of a
+        # catch-up's) never needs it, nor the cost of creating it.
+        self.beat: threading.Thread | None = None
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         # The guard keeps its own copy of the lease's deadline, renewed through this pipe,
@@ -276,15 +319,12 @@ class _Supervisor:
     def wait(self, guard: int, report: int) -> Outcome:
         self.guard, self.report = guard, report
         self.timeout_at = lease_now() + self.timeout if self.timeout else None
-        # The heartbeat thread starts when the first renewal is due: a command that ends
-        # sooner (most of a catch-up's) never needs it.
-        self.beat = threading.Thread(target=self._heartbeat, daemon=True)
         try:
             text = self._loop()
         finally:
             self.stop_heartbeat.set()
         beat = self.beat
-        if beat.is_alive():
+        if beat is not None and beat.is_alive():
             # A renewal in flight normally returns at once; one stuck in a hung server is
             # left behind (the final write waits for the lease's lock, up to the deadline).
             assert self.lease is not None
@@ -355,7 +395,7 @@ class _Supervisor:
             times.append(lease.deadline)  # SIGKILL, whatever else is going on
             if self.why is None and not self.ended:
                 times.append(lease.deadline - self.grace)  # the step-down's SIGTERM
-            if self.beat.ident is None:
+            if self.beat is None:
                 times.append(lease.last_sent + lease.interval)
         # Every timer that has fired is cleared (or, the deadline, no longer listed once the
         # group is killed): a past one would keep this loop from ever sleeping.
@@ -370,8 +410,9 @@ class _Supervisor:
             self.forwarded = sig
             self._stop(sig, now)
         lease = self.lease
-        if (lease is not None and self.beat.ident is None
+        if (lease is not None and self.beat is None
                 and now >= lease.last_sent + lease.interval):
+            self.beat = threading.Thread(target=self._heartbeat, daemon=True)
             self.beat.start()
         if (lease is not None and self.why is None and not self.ended
                 and (lease.lost or now >= lease.deadline - self.grace)):
