@@ -628,6 +628,13 @@ MAILTO=ops@example.com
 """,
     ),
     (
+        "The fleet's dashboard and a Prometheus endpoint, on every interface, behind a token "
+        "(`curl -H \"Authorization: Bearer $(cat token)\" http://host:8321/metrics`):",
+        """\
+once serve --listen 0.0.0.0:8321 --token-file /etc/once/serve-token
+""",
+    ),
+    (
         "The hourly periods of a night on which New York's clocks fall back, with their keys:",
         """\
 once periods --every hour --tz America/New_York \\

@@ -71,7 +71,7 @@ table { border-collapse: collapse; width: 100%; margin-top: .8rem; }
 th, td { text-align: left; vertical-align: top; padding: .35rem .6rem;
   border-bottom: 1px solid var(--line); }
 th { background: var(--head); font-weight: 600; white-space: nowrap; }
-td.num { text-align: right; }
+td:first-child { white-space: nowrap; }
 tr.critical td:first-child { box-shadow: inset 4px 0 var(--failed); }
 tr.warning td:first-child { box-shadow: inset 4px 0 var(--stale); }
 tr.ok td:first-child { box-shadow: inset 4px 0 var(--done); }
@@ -82,7 +82,7 @@ tr.ok td:first-child { box-shadow: inset 4px 0 var(--done); }
 .badge.critical { background: var(--failed); } .badge.warning { background: var(--stale); }
 .badge.ok { background: var(--done); }
 .strip { white-space: nowrap; }
-.cell { display: inline-block; width: 7px; height: 14px; margin-right: 2px;
+.cell { display: inline-block; width: 6px; height: 14px; margin-right: 1px;
   border-radius: 2px; vertical-align: middle; }
 .key, .nowrap { white-space: nowrap; }
 .wide { overflow-x: auto; }
@@ -161,8 +161,8 @@ def overview(fleet: Fleet, ledger: str, namespace: str | None, refresh: float) -
     body = [_header(escape(heading), ledger, f"{space}; {escape(summary or 'no jobs yet')}")]
     if ranked:
         body.append('<div class="wide"><table>\n<thead><tr>' + "".join(f"<th>{h}</th>" for h in (
-            "job", "schedule", "zone", "last done", "running now", "failed", "missing",
-            "next", "recent periods")) + "</tr></thead>\n<tbody>")
+            "job, latest periods", "schedule", "last done", "running now", "failed", "missing",
+            "next")) + "</tr></thead>\n<tbody>")
         body += [_row(s, fleet.now, fleet.strips.get(s.name, [])) for s in ranked]
         body.append("</tbody>\n</table></div>")
     else:
@@ -181,14 +181,15 @@ def _row(s: report.JobState, now: datetime, strip: list[tuple[Period, str]]) -> 
     klass = SEVERITY_CLASS[sev]
     obj = report.status_object(s)
     name = (f'<a href="{escape(job_href(s.name))}">{escape(s.name)}</a>'
-            f'<span class="badge {klass}">{report.SEVERITY[sev]}</span>')
+            f'<span class="badge {klass}">{report.SEVERITY[sev]}</span><br>{_strip(strip)}')
+    schedule = f'{escape(_schedule(s))}<br><span class="dim">{escape(s.tz)}</span>'
     if s.sched is None:
-        cells = [name, escape(s.schedule_text), escape(s.tz),
+        cells = [name, schedule,
                  f'<span class="bad">cannot read the schedule: {escape(s.error)}</span>',
-                 "", "", "", "", ""]
+                 "", "", "", ""]
     else:
-        cells = [name, escape(_schedule(s)), escape(s.tz), _last_done(s, now),
-                 _running(s), _failed(obj), _missing(obj), _next(s, now), _strip(strip)]
+        cells = [name, schedule, _last_done(s, now), _running(s), _failed(obj), _missing(obj),
+                 _next(s, now)]
     return f'<tr class="{klass}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
 
 
@@ -223,7 +224,8 @@ def _failed(obj: dict[str, Any]) -> str:
         return '<span class="dim">0</span>'
     out = f" ({obj['failed_out']} failed-out)" if obj["failed_out"] else ""
     keys = ", ".join(_key(f["period"]) for f in obj["failed_periods"][:3])
-    return f'<span class="bad">{obj["failed"]}{out}</span><br><span class="dim">{keys}</span>'
+    return (f'<span class="bad nowrap">{obj["failed"]}{out}</span><br>'
+            f'<span class="dim">{keys}</span>')
 
 
 def _missing(obj: dict[str, Any]) -> str:

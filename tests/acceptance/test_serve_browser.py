@@ -1,0 +1,142 @@
+"""`once serve` in a real browser: headless Chromium (Debian's `chromium`) loads `/` and
+`/job/NAME` of a fleet with every kind of trouble, lets the pages refresh themselves, and
+must log nothing to its console (no script error, no Content-Security-Policy violation, no
+failed load). Screenshots are kept in ONCE_TEST_ARTIFACTS (default: test-artifacts/).
+
+Without chromium the tests skip, unless ONCE_TEST_BROWSER=required (CI: .ci/run installs
+chromium and sets it), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from helpers import run_once, wait_for
+from procs import start_once
+from serving import Served
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = Path(os.environ.get("ONCE_TEST_ARTIFACTS") or ROOT / "test-artifacts")
+HOSTILE = "<script>console.error('escaped?')</script>"
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if os.environ.get("ONCE_TEST_BROWSER") == "required":
+        pytest.fail("ONCE_TEST_BROWSER=required, but there is no chromium: "
+                    "apt-get install chromium")
+    pytest.skip("no chromium (Debian: apt-get install chromium; CI requires it)")
+
+
+def day(n: int) -> str:
+    return (datetime.now(UTC).date() + timedelta(days=n)).isoformat()
+
+
+def hour(n: int) -> str:
+    at = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=n)
+    return at.strftime("%Y-%m-%dT%H:00")
+
+
+def once(env: dict[str, str], *args: str) -> None:
+    result = run_once(*args, env=env, timeout=120)
+    assert result.returncode not in (2, 69, 70, 75), result.stderr
+
+
+def build_fleet(env: dict[str, str], tmp_path: Path,
+                hostile: bool = True) -> subprocess.Popen[str]:
+    """A fleet with done, missing, failed, failed-out, running and stale periods; returns the
+    `once run` left running (the caller stops it)."""
+    once(env, "catchup", "--job", "nightly-invoices", "--every", "day", "--tz",
+         "Europe/Berlin", "--since", day(-40), "--until", day(-4), "--", "true")
+    once(env, "catchup", "--job", "nightly-invoices", "--every", "day", "--tz",
+         "Europe/Berlin", "--since", day(-1), "--until", day(-1), "--", "true")
+    once(env, "catchup", "--job", "hourly-sync", "--every", "hour", "--since", hour(-40),
+         "--until", hour(-1), "--", "true")
+    once(env, "catchup", "--job", "weekly-report", "--every", "week", "--since", day(-60),
+         "--until", day(-8), "--", "true")
+    once(env, "run", "--job", "weekly-report", "--every", "week", "--max-attempts", "1", "--",
+         "false")
+    once(env, "catchup", "--job", "backup", "--every", "day", "--since", day(-20), "--until",
+         day(-1), "--", "true")
+    stuck = start_once("run", "--job", "backup", "--every", "day", "--stale-after", "1s", "--",
+                       "sh", "-c", f"touch {tmp_path}/stuck; exec sleep 60", env=env)
+    wait_for(lambda: (tmp_path / "stuck").exists(), what="the backup's claim")
+    stuck.kill()  # its owner dies mid-run: the row goes stale
+    stuck.wait()
+    if hostile:
+        once(env, "run", "--job", HOSTILE, "--every", "day", "--", "true")
+    running = start_once("run", "--job", "hourly-sync", "--every", "hour", "--", "sh", "-c",
+                         f"touch {tmp_path}/running; exec sleep 120", env=env)
+    wait_for(lambda: (tmp_path / "running").exists(), what="the running sync")
+    return running
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    """A SQLite ledger (the page is the same on every backend: tests/integration/test_serve)."""
+    chromium()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCE_")}
+    env["ONCE_DATABASE_URL"] = f"sqlite:///{tmp_path}/ledger.db"
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    running = build_fleet(env, tmp_path)
+    time.sleep(1.2)  # the backup's heartbeat is older than its --stale-after
+    server = Served("--refresh", "1s", env=env)
+    try:
+        yield server
+    finally:
+        status, err = server.stop()
+        running.terminate()
+        running.communicate(timeout=60)
+    assert status == 0, err
+
+
+def browse(url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Headless Chromium on url, JavaScript running for 4 s of its virtual time."""
+    return subprocess.run(
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         "--no-first-run", "--disable-extensions", f"--user-data-dir={tmp_path}/chromium",
+         "--enable-logging=stderr", "--v=0", "--window-size=1400,900",
+         "--virtual-time-budget=4000", *args, url],
+        capture_output=True, text=True, timeout=180)
+
+
+def console(stderr: str) -> list[str]:
+    """What the page logged to its console (Chromium prints each as a CONSOLE line)."""
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+@pytest.mark.parametrize("page", ["overview", "job", "hostile-job"])
+def test_pages_load_in_chromium_without_console_errors(served: Served, tmp_path: Path,
+                                                       page: str) -> None:
+    path = {"overview": "/", "job": "/job/nightly-invoices",
+            "hostile-job": "/job/" + quote(HOSTILE, safe="")}[page]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / f"serve-{page}.png"
+    shot.unlink(missing_ok=True)
+    result = browse(served.url + path, tmp_path, f"--screenshot={shot}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert console(result.stderr) == [], console(result.stderr)
+    assert shot.stat().st_size > 10_000
+
+
+def test_the_page_refreshes_itself_in_place(served: Served, tmp_path: Path) -> None:
+    result = browse(served.url + "/", tmp_path, "--dump-dom")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert console(result.stderr) == [], console(result.stderr)
+    dom = result.stdout
+    # After the refreshes (every second of the four), the body is still the whole page.
+    for job in ("nightly-invoices", "hourly-sync", "weekly-report", "backup"):
+        assert f'href="/job/{job}"' in dom, job
+    assert dom.count("<tbody>") == 1 and "STALE" in dom
+    assert '<div id="offline" class="banner" hidden="">' in dom
