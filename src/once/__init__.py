@@ -15,14 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["FencedOut", "Run", "__version__", "claim"]
+__all__ = ["FencedOut", "InputError", "Run", "__version__", "claim"]
 
 if TYPE_CHECKING:
     from once.api import FencedOut, Run, claim
+    from once.limits import InputError
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: `once run` imports this package on every cron fire and needs none of the API.
+    if name == "InputError":
+        from once.limits import InputError
+
+        return InputError
     if name in ("claim", "Run", "FencedOut"):
         from once import api
 

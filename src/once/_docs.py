@@ -427,7 +427,8 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
                 "Skipped: the period is done, a live attempt holds it, or its attempts are used "
                 "up (the last also warns on stderr). `--skipped-exit-code` changes this status.",
             ),
-            ("2", "Usage: a bad option, period spec, zone, duration or URL."),
+            ("2", "Usage: a bad option, period spec, zone, duration or URL, or a value the "
+                  "ledger cannot hold (see LIMITS); nothing was sent to the ledger."),
             (
                 "70",
                 "Fenced out: `once` could no longer prove it held the claim while the command "
@@ -491,6 +492,20 @@ Every non-zero status that is not the command's own is explained in one line on 
 error that starts with `once:`.
 """
 
+# What the ledger cannot hold is refused (exit 2) before anything is sent: once.limits.
+LIMITS = """\
+Values the ledger's columns cannot hold are refused with status 2 before anything is sent,
+the same on every backend; the Python API raises `once.InputError` (a `ValueError`) for the
+same values. A job name and a namespace are 1 to 200 printable characters without
+whitespace each, and the stored name <NS>`:`<JOB> at most 255. `ONCE_OWNER` is 1 to 255
+printable UTF-8 characters without control characters (refused, never cut short). A `--cron`
+expression is at most 255 characters; a `once rerun --reason` UTF-8 text of at most 1000
+characters; a `once state --set` value UTF-8 text of at most 64 KiB. A
+`--db-password-file` or `ONCE_DATABASE_URL_FILE` is UTF-8 text, not empty, at most 64 KiB,
+without NUL (trailing line breaks are dropped). A `--db` URL is printable UTF-8 with a host
+that can be read; a MySQL or MariaDB URL's `?charset=` may only be `utf8mb4`.
+"""
+
 # What the variables read by `once` mean; options with an explicit envvar that are missing
 # here are described by their help text.
 ENV_NOTES = {
@@ -510,8 +525,8 @@ ENV_FIXED = (
     (
         "ONCE_OWNER",
         "Who runs the attempt, as recorded in the ledger's `owner` column and shown "
-        "by `once status` (a Kubernetes pod's name, say). Default: the host name "
-        "and process id.",
+        "by `once status` (a Kubernetes pod's name, say): 1 to 255 printable UTF-8 "
+        "characters, else a usage error. Default: the host name and process id.",
     ),
     (
         "XDG_STATE_HOME",
@@ -702,6 +717,7 @@ def man_page(group: click.Group | None = None) -> str:
                 *prose(meaning, lead="", sep=".IP"),
             ]
     out += [".PP", *prose(EXIT_STATUS_NOTE, lead="")]
+    out += [macro("SH", "LIMITS"), *prose(LIMITS, lead="")]
 
     out += [macro("SH", "ENVIRONMENT"), macro("SS", "Read by once")]
     for name, text in _read_envvars(cmds, root):

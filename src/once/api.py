@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from once import core
+from once import core, limits
 from once.ledger import Job, Ledger, LedgerError, default_url, open_ledger, parse_url
 from once.periods import Period, schedule
 from once.runner import Lease
@@ -89,17 +89,28 @@ def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: st
     finish (core.record_result: retried, fenced, recognising a write whose answer was lost)
     are the command line's own. A process forked inside the block never finishes, renews or
     closes the parent's claim: only the process that claimed does.
+
+    Raises ValueError (once.limits.InputError, once.periods.SpecError) for what `once run`
+    refuses with exit 2: a bad job name or namespace, schedule or zone, stale_after <= 0,
+    lag, max_attempts or max_clock_skew out of range, a bad ONCE_OWNER, an unusable db URL.
     """
+    # The command line's limits, raised as InputError (a ValueError), SpecError for the
+    # schedule, before anything is sent.
+    name = limits.stored_name(job, namespace)
     sched = schedule(every, cron, tz)
-    name = f"{namespace}:{job}" if namespace else job
-    the_job = Job(name, sched.kind, sched.spec, sched.tz_name, lag, max_attempts, stale_after)
+    limits.schedule(sched.spec, sched.tz_name)
+    limits.job(lag, max_attempts, stale_after)
+    limits.seconds("max_clock_skew", max_clock_skew, zero_ok=True)
+    owner = core.default_owner()
+    the_job = Job(name, sched.kind, sched.spec, sched.tz_name, lag, max_attempts,
+                  float(stale_after))
     period = core.current_period(sched, lag, now or datetime.now(UTC))
     ledger = open_ledger(parse_url(db or default_url()),
                          timeout=core.statement_timeout(stale_after))
     claimer = os.getpid()
     try:
         sent = Lease.now()
-        won = ledger.claim(the_job, period.key, period.start, period.end, core.default_owner(),
+        won = ledger.claim(the_job, period.key, period.start, period.end, owner,
                            max_clock_skew=max_clock_skew)
         run = Run(name, period, won.won, won.attempt, won.fence,
                   "" if won.won else won.skip_reason, _ledger=ledger)

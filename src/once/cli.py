@@ -14,15 +14,12 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from once import __version__
+from once import __version__, limits
 from once.complete import job_names
+from once.limits import InputError
 from once.periods import SpecError
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-JOB_NAME_MAX = 200
-# --lag is counted out period by period: a bound keeps a typo from spinning for hours.
-LAG_MAX = 100_000
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "ONCE",
            "max_content_width": 100}
@@ -165,7 +162,8 @@ def kill_after_for(kill_after: float | None, stale_after: float) -> float:
 def liveness_options(func: F) -> F:
     """The options `once run` shares with `once catchup`."""
     options = [
-        click.option("--lag", default=0, show_default=True, type=click.IntRange(0, LAG_MAX),
+        click.option("--lag", default=0, show_default=True,
+                     type=click.IntRange(0, limits.LAG_MAX),
                      metavar="N",
                      help="Claim the period N periods before the current one."),
         click.option("--stale-after", default="5m", show_default=True, type=DURATION,
@@ -175,13 +173,14 @@ def liveness_options(func: F) -> F:
         click.option("--timeout", type=DURATION,
                      help="SIGTERM the command when it runs longer; record failed, exit 124."),
         click.option("--max-attempts", default=3, show_default=True,
-                     type=click.IntRange(1, 2**31 - 1), metavar="N",
+                     type=click.IntRange(1, limits.ATTEMPTS_MAX), metavar="N",
                      help="Retry a failed period until this many attempts have run."),
         click.option("--state", is_flag=True,
                      help="Give the command the job's watermark in ONCE_STATE and take a new "
                           "one from the file ONCE_STATE_OUT names (stored only with a done, "
                           "fenced finish)."),
-        click.option("--shards", default=1, show_default=True, type=click.IntRange(1, 1000),
+        click.option("--shards", default=1, show_default=True,
+                     type=click.IntRange(1, limits.SHARDS_MAX),
                      metavar="N",
                      help="Split each period into N shards (rows KEY#0..KEY#N-1), claimed "
                           "independently; ONCE_SHARD and ONCE_SHARDS tell the command which."),
@@ -259,7 +258,8 @@ def verbosity_options(func: F) -> F:
 
 @cli.command(context_settings={"allow_interspersed_args": False})
 @click.option("--job", required=True, metavar="NAME", shell_complete=job_names,
-              help="Job name (1-200 printable characters, no whitespace).")
+              help="Job name (1-200 printable characters, no whitespace; with --namespace, "
+                   "NS:JOB at most 255).")
 @schedule_options
 @ledger_options
 @liveness_options
@@ -334,22 +334,22 @@ def verbosity(verbose: int, quiet: bool) -> int:
 
 def core_job(name: str, namespace: str | None, sched: Any, lag: int, max_attempts: int,
              stale_after: float, shards: int = 1) -> Any:
+    """The job a claiming command works on, every limit checked (once.limits) before
+    anything is sent; ONCE_OWNER too, so that a bad one claims nothing."""
+    from once.core import default_owner
     from once.ledger import Job
 
-    return Job(stored_name(name, namespace), sched.kind, sched.spec, sched.tz_name, lag,
-               max_attempts, stale_after, shards)
+    stored = stored_name(name, namespace)
+    limits.schedule(sched.spec, sched.tz_name)
+    limits.job(lag, max_attempts, stale_after, shards)
+    default_owner()
+    return Job(stored, sched.kind, sched.spec, sched.tz_name, lag, max_attempts, stale_after,
+               shards)
 
 
 def stored_name(name: str, namespace: str | None) -> str:
     """The job name as the ledger stores it, NS:JOB with a namespace; usage error if bad."""
-    for label, value in (("job name", name), ("namespace", namespace)):
-        if value is None:
-            continue
-        if not value or len(value) > JOB_NAME_MAX or not value.isprintable() or any(
-                ch.isspace() for ch in value):
-            raise click.UsageError(f"bad {label} {value!r}: use 1 to {JOB_NAME_MAX} printable "
-                                   f"characters without whitespace")
-    return f"{namespace}:{name}" if namespace else name
+    return limits.stored_name(name, namespace)
 
 
 def open_target(db: str | None, password_file: str | None) -> Any:
@@ -360,20 +360,12 @@ def open_target(db: str | None, password_file: str | None) -> Any:
 
     url_file = os.environ.get("ONCE_DATABASE_URL_FILE")
     if not db and url_file:
-        try:
-            with open(url_file, encoding="utf-8") as handle:
-                db = handle.read().strip()
-        except OSError as exc:
-            raise click.UsageError(f"cannot read ONCE_DATABASE_URL_FILE {url_file}: "
-                                   f"{exc.strerror}") from None
+        db = limits.read_secret(url_file, "ONCE_DATABASE_URL_FILE").strip()
+        if not db:
+            raise InputError(f"ONCE_DATABASE_URL_FILE {url_file} holds no URL")
     password = None
     if password_file:
-        try:
-            with open(password_file, encoding="utf-8") as handle:
-                password = handle.read().rstrip("\r\n")
-        except OSError as exc:
-            raise click.UsageError(f"cannot read --db-password-file {password_file}: "
-                                   f"{exc.strerror}") from None
+        password = limits.read_secret(password_file, "--db-password-file")
     return parse_url(db or default_url(), password)
 
 
@@ -389,7 +381,7 @@ def ledger_for(target: Any, stale_after: float = 300.0) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Run the CLI; turn every error into one `once:` line and its documented status."""
-    from once.ledger import LedgerError, UrlError
+    from once.ledger import LedgerError
 
     try:
         status = cli.main(args=list(argv) if argv is not None else None, prog_name="once",
@@ -400,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         status = _fail(exc.format_message(), 2)
     except click.ClickException as exc:
         status = _fail(exc.format_message(), exc.exit_code)
-    except (SpecError, UrlError) as exc:
+    except (SpecError, InputError) as exc:  # UrlError is an InputError
         status = _fail(str(exc), 2)
     except OverflowError as exc:  # a period past year 9999 or before year 1: nothing ran
         status = _fail(f"out of range: {exc} (periods exist from year 1 to 9999)", 2)

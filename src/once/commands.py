@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from once import limits
 from once.cli import (
     DURATION,
     DURATION_OR_OFF,
@@ -148,6 +149,9 @@ def rerun(job: str, key: str, reason: str | None, db: str | None,
     from once.periods import schedule as make_schedule
 
     name = stored_name(job, namespace)
+    if reason is not None:
+        limits.reason(reason)
+    core.default_owner()  # a bad ONCE_OWNER: refused before anything is sent
     target = open_target(db, db_password_file)
     with ledger_for(target) as ledger:
         the_job = ledger.job_info(name)
@@ -243,9 +247,11 @@ def state(job: str, db: str | None, db_password_file: str | None, namespace: str
           value: str | None) -> int:
     """Print the watermark of JOB (what its last successful --state run left), or set it."""
     from once import core
-    from once.ledger import STATE_LIMIT
 
     name = stored_name(job, namespace)
+    owner = core.default_owner()
+    if value is not None:
+        limits.state(value)
     target = open_target(db, db_password_file)
     with ledger_for(target) as ledger:
         if ledger.job_info(name) is None:
@@ -256,14 +262,7 @@ def state(job: str, db: str | None, db_password_file: str | None, namespace: str
             if current is not None:
                 click.echo(current)
             return 0
-        try:
-            size = len(value.encode("utf-8"))
-        except UnicodeEncodeError:  # bytes that are not UTF-8, as the shell passed them
-            raise click.UsageError("--set: a watermark is UTF-8 text; this value is not"
-                                   ) from None
-        if size > STATE_LIMIT:
-            raise click.UsageError("--set: a watermark holds at most 64 KiB of UTF-8")
-        version = ledger.set_state(name, value, core.default_owner())
+        version = ledger.set_state(name, value, owner)
     core.say(f"{name}: state set (version {version})")
     return 0
 

@@ -64,8 +64,12 @@ def statement_timeout(stale_after: float) -> float:
 
 
 def default_owner() -> str:
-    """ONCE_OWNER (a pod name, say), else host name and process id."""
-    return os.environ.get("ONCE_OWNER") or f"{os.uname().nodename}:{os.getpid()}"
+    """ONCE_OWNER (a pod name, say), else host name and process id. A bad ONCE_OWNER is an
+    InputError (once.limits.owner), never stored."""
+    from once.limits import owner
+
+    given = os.environ.get("ONCE_OWNER")
+    return owner(given) if given else f"{os.uname().nodename}:{os.getpid()}"
 
 
 def say(message: str, settings: Settings | None = None, level: int = NORMAL,
@@ -386,7 +390,7 @@ class StateFile:
 
     def read(self) -> tuple[str | None, str]:
         """(the new watermark or None for no change, an error message or '')."""
-        from once.ledger import STATE_LIMIT
+        from once.limits import STATE_LIMIT
 
         if not self.wanted:
             return None, ""

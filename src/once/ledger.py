@@ -30,13 +30,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from once import limits
+
 Dialect = Literal["sqlite", "postgresql", "mysql"]
 Status = Literal["done", "failed"]
 
 TABLES = ("once_runs", "once_attempts", "once_jobs", "once_meta")
 
 
-class UrlError(ValueError):
+class UrlError(limits.InputError):
     """A --db URL that names no ledger once can use (a usage error, exit 2)."""
 
 
@@ -102,8 +104,15 @@ def parse_url(url: str, password: str | None = None) -> Target:
     """Read a SQLAlchemy-style URL; `password` (from --db-password-file) overrides the URL's."""
     scheme = url.partition("://")[0].lower()
     base = scheme.split("+")[0]
+    if not url.isprintable():  # a control character, or bytes that are not UTF-8
+        raise UrlError(f"bad --db URL {redact(url)!r}: it holds a control character or "
+                       f"bytes that are not UTF-8")
     if "://" not in url:
         raise UrlError(f"bad --db URL '{url}': expected sqlite:///PATH, postgresql://… or mysql://…")
+    try:
+        urlsplit(url)
+    except ValueError as exc:  # [::1 without its bracket, [zz]: the host is malformed
+        raise UrlError(f"bad host in --db URL {redact(url)}: {exc}") from None
     if base == "sqlite":
         return _sqlite_target(url)
     if base in ("postgresql", "postgres"):
@@ -116,8 +125,14 @@ def parse_url(url: str, password: str | None = None) -> Target:
 
 
 def redact(url: str) -> str:
-    """The URL with its password replaced by ***; safe for any output."""
-    parts = urlsplit(url)
+    """The URL with its password replaced by ***; safe for any output, even a URL that
+    urlsplit cannot read."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        import re
+
+        return re.sub(r"(://[^/?#@:]*):[^/?#@]*@", r"\1:***@", url)
     if parts.password is None:
         return url
     userinfo, _, hostinfo = parts.netloc.rpartition("@")
@@ -168,9 +183,14 @@ def _mysql_target(url: str, password: str | None) -> Target:
         "password": password if password is not None else unquote(parts.password or ""),
         "database": database,
     }
-    for name in ("unix_socket", "charset"):
-        if name in query:
-            args[name] = query[name]
+    # The tables are utf8mb4 with binary keys: a narrower connection charset could turn two
+    # job names into one, so ?charset= may only say what once uses anyway.
+    if query.get("charset", "utf8mb4").lower() != "utf8mb4":
+        raise UrlError(f"?charset={query['charset']} in {redact(url)}: once speaks utf8mb4 "
+                       f"(its tables' charset); leave it out or write charset=utf8mb4")
+    args["charset"] = "utf8mb4"
+    if "unix_socket" in query:
+        args["unix_socket"] = query["unix_socket"]
     ssl = {k[4:]: v for k, v in query.items() if k.startswith("ssl_")}
     if ssl:
         args["ssl"] = ssl
@@ -194,7 +214,7 @@ class Job:
     shards: int = 1
 
 
-STATE_LIMIT = 64 * 1024  # bytes of UTF-8
+STATE_LIMIT = limits.STATE_LIMIT  # bytes of UTF-8
 
 
 @dataclass(frozen=True)
@@ -1203,7 +1223,7 @@ class MysqlLedger(Ledger):
         return pymysql.connect(
             **self.target.connect_args, autocommit=False, client_flag=CLIENT.FOUND_ROWS,
             connect_timeout=self.statement_timeout, read_timeout=self.statement_timeout,
-            write_timeout=self.statement_timeout, charset="utf8mb4",
+            write_timeout=self.statement_timeout,
         )
 
     def _claim(self, params: dict[str, Any]) -> Claim:

@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from once import limits
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ZERO = timedelta(0)
 _SECOND = timedelta(seconds=1)
@@ -507,7 +509,7 @@ _DURATION = re.compile(r"([0-9]+)|(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:(
 
 # The longest duration: timers past about 292 years overflow the OS's (select, waits), and
 # a timestamp that far back or ahead leaves the calendar.
-DURATION_MAX = 36500 * 86400
+DURATION_MAX = limits.DURATION_MAX
 
 
 def parse_duration(text: str) -> float:

@@ -1,0 +1,206 @@
+"""Bad input on every backend: one `once:` line, a documented status, nothing half-done.
+
+Each test is one of the inputs that used to end in a traceback, an exit 75 no retry could
+cure, a ledger later commands could not read, or a silent wrong answer.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import once
+from helpers import run_once
+from ledger_sql import query
+
+DAY = ["--every", "day"]
+
+
+def one_line(result: Any, status: int) -> str:
+    """The single `once:` line of a refused command (and no traceback)."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == status, (result.returncode, result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("once: "), result.stderr
+    return str(lines[0])
+
+
+def tables(url: str) -> set[str]:
+    """The once_* tables the ledger holds (none: nothing was ever sent to it)."""
+    if url.startswith("sqlite"):
+        path = url.partition(":///")[2]
+        if not os.path.exists(path):
+            return set()
+        rows = query(url, "SELECT name FROM sqlite_master WHERE type = 'table'")
+    elif url.startswith("postgresql"):
+        rows = query(url, "SELECT table_name FROM information_schema.tables "
+                          "WHERE table_schema = current_schema()")
+    else:
+        rows = query(url, "SHOW TABLES")
+    return {str(name) for (name,) in rows if str(name).startswith("once_")}
+
+
+def run(*args: str, env: dict[str, str], marker: Path) -> Any:
+    """`once run ... -- touch MARKER`."""
+    return run_once("run", *args, "--", "touch", str(marker), env=env)
+
+
+# -- 1. ?charset= in a MySQL/MariaDB URL -------------------------------------------------------
+
+
+def test_charset_in_a_mysql_url_works(once_env: dict[str, str], ledger_url: str,
+                                      tmp_path: Path) -> None:
+    if not ledger_url.startswith(("mysql", "mariadb")):
+        pytest.skip("?charset= is a MySQL/MariaDB URL parameter")
+    env = {**once_env, "ONCE_DATABASE_URL": ledger_url + "?charset=utf8mb4"}
+    done = run("--job", "cs", *DAY, env=env, marker=tmp_path / "ran")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "ran").exists()
+    for report in (["status"], ["check"], ["history", "cs"], ["metrics"],
+                   ["prune", "--older-than", "1d"]):
+        result = run_once(*report, env=env)
+        assert result.returncode == 0, (report, result.stderr)
+    refused = run("--job", "cs", *DAY, env={**env, "ONCE_DATABASE_URL": ledger_url
+                                            + "?charset=latin1"}, marker=tmp_path / "x")
+    assert "charset" in one_line(refused, 2)
+
+
+# -- 3. secret files that are not UTF-8, empty or huge ----------------------------------------
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00pw", b"", b"x" * (1 << 20)],
+                         ids=["binary", "empty", "huge"])
+def test_a_bad_secret_file_is_a_usage_error(once_env: dict[str, str], ledger_url: str,
+                                            tmp_path: Path, content: bytes) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(content)
+    password = run("--job", "s", *DAY, "--db-password-file", str(secret), env=once_env,
+                   marker=tmp_path / "ran")
+    assert "--db-password-file" in one_line(password, 2)
+    env = {k: v for k, v in once_env.items() if k != "ONCE_DATABASE_URL"}
+    env["ONCE_DATABASE_URL_FILE"] = str(secret)
+    for args in (["run", "--job", "s", *DAY, "--", "touch", str(tmp_path / "ran")],
+                 ["status"], ["check"], ["prune", "--older-than", "1d"], ["schema"]):
+        result = run_once(*args, env=env)
+        assert "ONCE_DATABASE_URL_FILE" in one_line(result, 2), args
+    assert not (tmp_path / "ran").exists()
+    assert not tables(ledger_url)
+    assert not (tmp_path / "state").exists(), "the default ledger was used instead"
+
+
+# -- 4. malformed hosts in a URL --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["postgresql://u:secret@[::1/x", "postgresql://[zz]/x",
+                                 "mariadb://u:secret@[::1/x", "mysql://[zz]:3306/x"])
+def test_a_malformed_host_is_a_usage_error(tmp_path: Path, url: str) -> None:
+    # No backend: the URL is refused before any connection.
+    once_env = {k: v for k, v in os.environ.items() if not k.startswith("ONCE_")}
+    once_env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    for args in (["run", "--job", "h", *DAY, "--db", url, "--", "touch", str(tmp_path / "r")],
+                 ["catchup", "--job", "h", *DAY, "--db", url, "--since", "2026-01-01",
+                  "--", "true"],
+                 ["status", "--db", url], ["check", "--db", url], ["metrics", "--db", url],
+                 ["history", "h", "--db", url], ["prune", "--older-than", "1d", "--db", url],
+                 ["schema", "--db", url]):
+        line = one_line(run_once(*args, env=once_env), 2)
+        assert "bad host" in line and "secret" not in line, (args, line)
+    assert not (tmp_path / "r").exists()
+
+
+# -- 5. the stored name's length, the same on every backend -----------------------------------
+
+
+def test_namespace_and_job_fit_the_key_column_or_are_refused(once_env: dict[str, str],
+                                                             ledger_url: str,
+                                                             tmp_path: Path) -> None:
+    namespace, job = "n" * 200, "j" * 54  # 200 + 1 + 54 = 255: the column's width
+    fits = run("--job", job, "--namespace", namespace, *DAY, env=once_env,
+               marker=tmp_path / "fits")
+    assert fits.returncode == 0, fits.stderr
+    assert query(ledger_url, "SELECT job FROM once_runs") == [(f"{namespace}:{job}",)]
+    for name in ("j" * 55, "j" * 200):
+        refused = run("--job", name, "--namespace", namespace, *DAY, env=once_env,
+                      marker=tmp_path / "refused")
+        assert "at most 255" in one_line(refused, 2)
+        for args in (["state", name, "--namespace", namespace, "--set", "x"],
+                     ["history", name, "--namespace", namespace],
+                     ["rerun", "--job", name, "--namespace", namespace, "--period",
+                      "2026-01-01", "--", "true"]):
+            assert "at most 255" in one_line(run_once(*args, env=once_env), 2), args
+    assert not (tmp_path / "refused").exists()
+    assert len(query(ledger_url, "SELECT job FROM once_jobs")) == 1
+
+
+# -- 12. the Python API refuses what the command line refuses ---------------------------------
+
+
+@pytest.mark.parametrize("job, kwargs", [
+    ("", {}), ("nightly report", {}), ("esc\x1b[2Jape", {}), ("x" * 201, {}),
+    ("j" * 55, {"namespace": "n" * 200}), ("ok", {"namespace": "bad ns"}),
+    ("ok", {"stale_after": 0}), ("ok", {"stale_after": -5}), ("ok", {"stale_after": 1e12}),
+    ("ok", {"lag": -1}), ("ok", {"max_attempts": 0}), ("ok", {"max_clock_skew": -1}),
+    ("ok", {"cron": ",".join(str(m % 60) for m in range(120)) + " * * * *", "every": None}),
+], ids=repr)
+def test_the_python_api_refuses_what_the_cli_refuses(ledger_url: str, job: str,
+                                                     kwargs: dict[str, Any]) -> None:
+    args: dict[str, Any] = {"every": "day", "db": ledger_url, **kwargs}
+    with pytest.raises(ValueError), once.claim(job, **args):
+        raise AssertionError("the block ran")
+    assert not tables(ledger_url)
+
+
+def test_the_python_api_refuses_a_bad_once_owner(ledger_url: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONCE_OWNER", "pod\nOK forged")
+    with pytest.raises(once.InputError), once.claim("api-owner", every="day", db=ledger_url):
+        raise AssertionError("the block ran")
+    assert not tables(ledger_url)
+
+
+# -- 13. ONCE_OWNER, --reason and --cron that no column can hold ------------------------------
+
+
+@pytest.mark.parametrize("owner", ["pod-\udcff", "pod\nOK x 1 jobs", "\x1b]0;pwned\x07",
+                                   "o" * 256], ids=["not-utf8", "newline", "escape", "long"])
+def test_a_bad_once_owner_is_a_usage_error(once_env: dict[str, str], ledger_url: str,
+                                           tmp_path: Path, owner: str) -> None:
+    env = {**once_env, "ONCE_OWNER": owner}
+    for args in (["run", "--job", "o", *DAY, "--", "touch", str(tmp_path / "ran")],
+                 ["catchup", "--job", "o", *DAY, "--since", "2026-01-01", "--", "true"],
+                 ["rerun", "--job", "o", "--period", "2026-01-01", "--", "true"],
+                 ["state", "o", "--set", "1"]):
+        assert "ONCE_OWNER" in one_line(run_once(*args, env=env), 2), args
+    assert not (tmp_path / "ran").exists()
+    assert not tables(ledger_url)
+    fits = run("--job", "o", *DAY, env={**once_env, "ONCE_OWNER": "ö" * 255},
+               marker=tmp_path / "fits")
+    assert fits.returncode == 0, fits.stderr
+    assert query(ledger_url, "SELECT owner FROM once_runs") == [("ö" * 255,)]
+
+
+def test_a_reason_that_is_not_utf8_is_a_usage_error(once_env: dict[str, str],
+                                                    ledger_url: str, tmp_path: Path) -> None:
+    assert run("--job", "r", *DAY, env=once_env, marker=tmp_path / "first").returncode == 0
+    key = query(ledger_url, "SELECT period FROM once_runs")[0][0]
+    for reason in ("late \udcff file", "x" * 1001):
+        refused = run_once("rerun", "--job", "r", "--period", key, "--reason", reason, "--",
+                           "touch", str(tmp_path / "again"), env=once_env)
+        assert "--reason" in one_line(refused, 2)
+    assert not (tmp_path / "again").exists()
+    assert query(ledger_url, "SELECT count(*) FROM once_attempts") == [(1,)]
+    fine = run_once("rerun", "--job", "r", "--period", key, "--reason", "late bank file ✓",
+                    "--", "true", env=once_env)
+    assert fine.returncode == 0, fine.stderr
+
+
+def test_a_cron_expression_longer_than_its_column_is_a_usage_error(
+        once_env: dict[str, str], ledger_url: str, tmp_path: Path) -> None:
+    minutes = ",".join(str(m % 60) for m in range(120))  # 289 characters, a valid field
+    refused = run("--job", "c", "--cron", f"{minutes} * * * *", env=once_env,
+                  marker=tmp_path / "ran")
+    assert "--cron" in one_line(refused, 2)
+    assert not (tmp_path / "ran").exists()
+    assert not tables(ledger_url)
