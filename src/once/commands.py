@@ -278,11 +278,15 @@ def state(job: str, db: str | None, db_password_file: str | None, namespace: str
 def prune(db: str | None, db_password_file: str | None, namespace: str | None,
           older_than: float, dry_run: bool) -> int:
     """Delete old history and done rows; never a running or failed row, never a job's latest
-    done row (catch-up resumes from it). Lists jobs idle for longer than --older-than."""
+    done row (catch-up resumes from it). Every attempt of a deleted row goes with it. Lists
+    jobs idle for longer than --older-than."""
     from once import prune as pruning
 
     target = open_target(db, db_password_file)
     pruned = pruning.prune(target, older_than, dry_run)
+    if pruned.no_tables:
+        click.echo(f"once: no ledger tables in {target.redacted} (nothing has run there): "
+                   f"nothing to prune", err=True)
     verb = "would delete" if dry_run else "deleted"
     click.echo(f"{verb} {pruned.runs} done rows and {pruned.attempts} attempts")
     for job, last in pruned.idle_jobs:

@@ -204,3 +204,73 @@ def test_a_cron_expression_longer_than_its_column_is_a_usage_error(
     assert "--cron" in one_line(refused, 2)
     assert not (tmp_path / "ran").exists()
     assert not tables(ledger_url)
+
+
+# -- 2. prune against a ledger without tables, or one that cannot be reached ------------------
+
+
+def test_prune_without_tables_says_so_and_creates_nothing(once_env: dict[str, str],
+                                                          ledger_url: str,
+                                                          tmp_path: Path) -> None:
+    for dry in ([], ["--dry-run"]):
+        result = run_once("prune", "--older-than", "30d", *dry, env=once_env)
+        assert "nothing to prune" in one_line(result, 0)
+        assert result.stdout.endswith("0 done rows and 0 attempts\n")
+    assert not tables(ledger_url)
+    if ledger_url.startswith("sqlite"):
+        assert not Path(ledger_url.partition(":///")[2]).exists(), "an empty .db was left"
+        empty = tmp_path / "empty.db"
+        empty.touch()
+        result = run_once("prune", "--older-than", "30d", "--db", f"sqlite:///{empty}",
+                          env=once_env)
+        assert "nothing to prune" in one_line(result, 0)
+
+
+def test_prune_against_an_unreachable_ledger_is_one_line_and_75(once_env: dict[str, str],
+                                                                ledger_url: str,
+                                                                tmp_path: Path) -> None:
+    if ledger_url.startswith("sqlite"):
+        (tmp_path / "a-directory.db").mkdir()
+        url = f"sqlite:///{tmp_path}/a-directory.db"
+    else:
+        scheme = ledger_url.partition("://")[0]
+        url = f"{scheme}://nobody@127.0.0.1:1/nowhere"
+    result = run_once("prune", "--older-than", "30d", "--db", url, env=once_env)
+    assert "cannot prune the ledger" in one_line(result, 75)
+
+
+# -- 8. prune leaves every period claimable -----------------------------------------------------
+
+
+def test_a_pruned_period_whose_attempt_was_taken_over_can_be_claimed_again(
+        once_env: dict[str, str], ledger_url: str) -> None:
+    args = ["catchup", "--job", "p", *DAY, "--since", "2026-01-01", "--until", "2026-01-03",
+            "-q", "--", "true"]
+    assert run_once(*args, env=once_env).returncode == 0
+    # 2026-01-01 as a takeover leaves it: attempt 1 never finished, attempt 2 did.
+    query(ledger_url, "UPDATE once_runs SET attempt = 2 WHERE period = '2026-01-01'")
+    query(ledger_url, "UPDATE once_attempts SET attempt = 2 WHERE period = '2026-01-01'")
+    query(ledger_url, "INSERT INTO once_attempts (job, period, attempt, fence, owner, status, "
+                      "started_at) SELECT job, period, 1, fence, owner, 'running', started_at "
+                      "FROM once_runs WHERE period = '2026-01-01'")
+    # Finished long ago by the database's own clock.
+    query(ledger_url, "UPDATE once_runs SET finished_at = period_start")
+    query(ledger_url, "UPDATE once_attempts SET finished_at = started_at - "
+          + ("INTERVAL '400 days'" if ledger_url.startswith("postgresql") else
+             "INTERVAL 400 DAY" if ledger_url.startswith(("mariadb", "mysql")) else "0")
+          + " WHERE finished_at IS NOT NULL")
+    if ledger_url.startswith("sqlite"):
+        query(ledger_url, "UPDATE once_attempts SET finished_at = '2025-01-01 00:00:00.000000' "
+                          "WHERE finished_at IS NOT NULL")
+    dry = run_once("prune", "--older-than", "30d", "--dry-run", env=once_env)
+    assert dry.stdout.startswith("would delete 2 done rows and 4 attempts"), dry.stdout
+    pruned = run_once("prune", "--older-than", "30d", env=once_env)
+    assert pruned.stdout.startswith("deleted 2 done rows and 4 attempts"), pruned.stdout
+    assert query(ledger_url, "SELECT count(*) FROM once_attempts") == [(0,)]
+    again = run_once("catchup", "--job", "p", *DAY, "--since", "2026-01-01", "--until",
+                     "2026-01-01", "--", "true", env=once_env)
+    assert again.returncode == 0, again.stderr
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs "
+                             "WHERE period = '2026-01-01'") == [("done", 1)]
+    history = run_once("history", "p", "--json", env=once_env)
+    assert history.returncode == 0 and '"2026-01-01"' in history.stdout, history.stderr
