@@ -312,12 +312,13 @@ class Handler(BaseHTTPRequestHandler):
         from once import serve_data, serve_pages
 
         s = self.server.settings
+        outside = bool(s.namespace) and not name.startswith(f"{s.namespace}:")
         try:
-            page = self.server.reads.get(("job", name), lambda: serve_data.read_job(
-                s.target, name, s.read_timeout))
+            page = None if outside else self.server.reads.get(
+                ("job", name), lambda: serve_data.read_job(s.target, name, s.read_timeout))
         except (LedgerError, Busy) as exc:
             return self._unreachable(exc)
-        if page is None:
+        if page is None:  # never run, or not of --namespace (whose jobs alone are shown)
             return self._send(HTTPStatus.NOT_FOUND, "text/html; charset=utf-8",
                               serve_pages.not_found(f"no job {name!r} in the ledger",
                                                     self._ledger(), _now()))

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Connection, create_engine, event, select, text
 from sqlalchemy.exc import SQLAlchemyError
@@ -152,7 +152,7 @@ def _engine(target: Target, timeout: float) -> Any:
             conn.exec_driver_sql("BEGIN")  # WAL: a consistent snapshot for every read
 
         return eng
-    args = dict(tables._engine_args(target)["connect_args"])  # type: ignore[call-overload]
+    args: dict[str, Any] = {**cast(dict[str, Any], tables._engine_args(target)["connect_args"])}
     if target.dialect == "postgresql":
         args["connect_timeout"] = whole
     else:

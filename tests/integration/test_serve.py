@@ -178,6 +178,19 @@ def test_metrics_parse_and_agree_with_once_metrics_and_status_json(
     assert status == json.loads(run_once("status", "--json", env=once_env).stdout)
 
 
+def test_a_namespace_shows_its_own_jobs_only(once_env: dict[str, str],
+                                             serve: Callable[..., Served]) -> None:
+    for namespace in ("prod", "staging"):
+        once(once_env, "run", "--namespace", namespace, "--job", "invoices", "--every", "day",
+             "--", "true")
+    server = serve("--namespace", "prod", env=once_env)
+    assert job_order(server.get("/").text) == [quote("prod:invoices", safe="")]
+    assert [o["job"] for o in json.loads(server.get("/api/status").body)] == ["prod:invoices"]
+    assert "staging" not in server.get("/metrics").text
+    assert server.get("/job/" + quote("prod:invoices", safe="")).status == 200
+    assert server.get("/job/" + quote("staging:invoices", safe="")).status == 404
+
+
 def test_a_token_is_required_everywhere_but_healthz(once_env: dict[str, str], tmp_path: Path,
                                                      serve: Callable[..., Served]) -> None:
     once(once_env, "run", "--job", "nightly", "--every", "day", "--", "true")
