@@ -61,7 +61,8 @@ class ClockSkew(LedgerError):
 
 class CommandDrift(Exception):
     """--require-same-command: the job's latest attempt ran another command line (exit 2).
-    Decided inside the claim, under the job row's lock, so that two hosts cannot both pass."""
+    Decided inside the claim, under the job row's lock, so that two hosts cannot both pass;
+    raised from inside the claim's transaction, which it rolls back (nothing is written)."""
 
     def __init__(self, job: str, last: str, ours: str) -> None:
         super().__init__(f"job {job} last ran a different command (fingerprint {last}, this "
@@ -348,10 +349,7 @@ class Ledger:
             params["host_now"] = self._time(datetime.now(UTC))
             return self._claim(params)
 
-        claim = self._with_schema(attempt)
-        if claim.status == "drift":
-            raise CommandDrift(job.name, claim.owner, command_hash or "")
-        return claim
+        return self._with_schema(attempt)
 
     def renew(self, job: str, key: str, attempt: int) -> bool:
         """Refresh the heartbeat of our attempt; False when the row is no longer ours."""
@@ -541,7 +539,7 @@ class Ledger:
     def _errors(self, doing: str) -> Iterator[None]:
         try:
             yield
-        except LedgerError:
+        except (LedgerError, CommandDrift):
             raise
         except Exception as exc:
             where = self.target.redacted
@@ -715,7 +713,7 @@ class SqliteLedger(Ledger):
             if params["require_same"]:
                 last = cur.execute(self.LAST_COMMAND_LOCKED, params).fetchone()
                 if last is not None and last[0] != params["command_hash"]:
-                    return Claim(False, 0, 0, "drift", last[0])
+                    raise CommandDrift(params["job"], last[0], params["command_hash"])
             fence, state, version = cur.execute(self.UPSERT_JOB, params).fetchone()
             row = (cur.execute(self.CLAIM_RUN, {**params, "fence": fence}).fetchone()
                    if can_win else None)
@@ -1055,7 +1053,7 @@ class PostgresLedger(Ledger):
             self._execute(self.LOCK_JOB, params)
             last = self._execute(self.LAST_COMMAND, params).fetchone()
             if last is not None and last[0] != params["command_hash"]:
-                return Claim(False, 0, 0, "drift", last[0])
+                raise CommandDrift(params["job"], last[0], params["command_hash"])
             return self._answer(self._execute(self.CLAIM, params).fetchone(), params)
 
     def _answer(self, row: tuple[Any, ...] | None, params: dict[str, Any]) -> Claim:
@@ -1254,7 +1252,7 @@ class MysqlLedger(Ledger):
             last = cur.fetchone()
             if last is not None and last[0] != params["command_hash"]:
                 self._conn.rollback()
-                return Claim(False, 0, 0, "drift", last[0])
+                raise CommandDrift(params["job"], last[0], params["command_hash"])
         cur.execute(self.UPSERT_JOB, params)
         fence = cur.lastrowid
         params = {**params, "fence": fence}
