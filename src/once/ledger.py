@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -126,19 +127,24 @@ def parse_url(url: str, password: str | None = None) -> Target:
 
 
 def redact(url: str) -> str:
-    """The URL with its password replaced by ***; safe for any output, even a URL that
+    """The URL with its password replaced by ***, in the user part and in the query
+    (`?password=`, as libpq and PyMySQL take it); safe for any output, even a URL that
     urlsplit cannot read."""
+    # The query's secrets, whatever else the URL holds (before and after a fragment alike).
+    url = _QUERY_SECRET.sub(r"\1***", url)
     try:
         parts = urlsplit(url)
     except ValueError:
-        import re
-
         return re.sub(r"(://[^/?#@:]*):[^/?#@]*@", r"\1:***@", url)
     if parts.password is None:
         return url
     userinfo, _, hostinfo = parts.netloc.rpartition("@")
     user = userinfo.partition(":")[0]
     return parts._replace(netloc=f"{user}:***@{hostinfo}").geturl()
+
+
+# A secret given as a query parameter: libpq's password and sslpassword, PyMySQL's passwd.
+_QUERY_SECRET = re.compile(r"([?&](?:password|passwd|sslpassword)=)[^&#]*", re.IGNORECASE)
 
 
 def _sqlite_target(url: str) -> Target:

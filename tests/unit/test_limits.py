@@ -86,3 +86,12 @@ def test_redact_never_fails_and_never_shows_the_password() -> None:
     for url in ("postgresql://u:secret@[::1/x", "postgresql://u:secret@[zz]/x",
                 "mysql://u:secret@h/db"):
         assert "secret" not in redact(url) and "u:***@" in redact(url)
+
+
+def test_redact_hides_a_password_given_in_the_query() -> None:
+    for url in ("postgresql://u@h/db?password=secret&sslmode=require",
+                "postgresql://u@h/db?sslmode=require&PASSWORD=secret",
+                "postgresql://u@h/db?sslpassword=secret", "mysql://u@h/db?passwd=secret",
+                "postgresql://u:secret@h/db?password=secret", "postgresql://[::1/x?password=secret"):
+        assert "secret" not in redact(url), redact(url)
+    assert redact("postgresql://u@h/db?sslmode=require") == "postgresql://u@h/db?sslmode=require"
