@@ -466,9 +466,15 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
             (
                 "2",
                 "A due period is missing or failed, or a period has failed with no attempts "
-                "left. A period <P> of a job with lag <L> is due once the end of period <P>+<L> "
-                "plus `--grace` has passed; a due period held by a live attempt is neither "
-                "missing nor failed.",
+                "left, or a <JOB> named has never run. A period <P> of a job with lag <L> is "
+                "due once the end of period <P>+<L> plus `--grace` has passed; a due period "
+                "held by a live attempt is neither missing nor failed.",
+            ),
+            (
+                "3",
+                "UNKNOWN: no job has run in the ledger at all, most often because it is not "
+                "the ledger the jobs use (`ONCE_DATABASE_URL` set in a shell but not in the "
+                "crontab). The line names the ledger read.",
             ),
         ),
     ),
@@ -523,6 +529,11 @@ ENV_NOTES = {
 
 ENV_FIXED = (
     (
+        "ONCE_DATABASE_URL_FILE",
+        "A file holding the ledger's URL, read when neither `--db` nor `ONCE_DATABASE_URL` "
+        "is given: the URL, with its password, stays out of crontabs and process lists.",
+    ),
+    (
         "ONCE_OWNER",
         "Who runs the attempt, as recorded in the ledger's `owner` column and shown "
         "by `once status` (a Kubernetes pod's name, say): 1 to 255 printable UTF-8 "
@@ -531,7 +542,8 @@ ENV_FIXED = (
     (
         "XDG_STATE_HOME",
         "Where the default SQLite ledger lives: "
-        "`$XDG_STATE_HOME/once/ledger.db`. Default: `~/.local/state`.",
+        "`$XDG_STATE_HOME/once/ledger.db`. Default: `~/.local/state`, which is what "
+        "applies under cron (cron sets no `XDG_STATE_HOME`).",
     ),
 )
 

@@ -63,8 +63,10 @@ def ledger_options(func: F) -> F:
     options = [
         click.option("--db", "db", envvar="ONCE_DATABASE_URL", metavar="URL",
                      help="Ledger URL: sqlite:///PATH, postgresql://…, mysql://… or "
-                          "mariadb://… [env: ONCE_DATABASE_URL; default: SQLite file at "
-                          "$XDG_STATE_HOME/once/ledger.db]"),
+                          "mariadb://… [env: ONCE_DATABASE_URL, or the file "
+                          "ONCE_DATABASE_URL_FILE names; default: the SQLite file "
+                          "$XDG_STATE_HOME/once/ledger.db, or ~/.local/state/once/ledger.db "
+                          "where XDG_STATE_HOME is unset, as under cron]"),
         click.option("--db-password-file", "db_password_file", metavar="PATH",
                      envvar="ONCE_DB_PASSWORD_FILE",
                      type=click.Path(dir_okay=False),
@@ -402,6 +404,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
 
 def _fail(message: str, status: int) -> int:
-    line = " ".join(message.split())
+    from once.escape import shown
+
+    line = shown(" ".join(message.split()))  # one line of printable text, whatever was typed
     print(f"once: {line}", file=sys.stderr)
     return status

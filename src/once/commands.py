@@ -33,6 +33,8 @@ from once.cli import (
     verbosity_options,
 )
 from once.complete import job_names
+from once.core import say as core_say
+from once.escape import shown
 
 
 @cli.command(context_settings={"allow_interspersed_args": False})
@@ -231,8 +233,8 @@ def schema(db: str | None, db_password_file: str | None, namespace: str | None,
             click.echo(statement + ";\n")
         return
     ledger_schema.ensure(target)
-    click.echo(f"once: the ledger's tables are ready in {target.redacted} "
-               f"(schema version {ledger_schema.SCHEMA_VERSION})", err=True)
+    core_say(f"the ledger's tables are ready in {target.redacted} "
+             f"(schema version {ledger_schema.SCHEMA_VERSION})")
 
 
 # -- once state -----------------------------------------------------------------------------
@@ -290,7 +292,8 @@ def prune(db: str | None, db_password_file: str | None, namespace: str | None,
     verb = "would delete" if dry_run else "deleted"
     click.echo(f"{verb} {pruned.runs} done rows and {pruned.attempts} attempts")
     for job, last in pruned.idle_jobs:
-        click.echo(f"idle job {job}: last fired {last:%Y-%m-%d %H:%M} UTC (renamed or retired?)")
+        click.echo(f"idle job {shown(job)}: last fired {last:%Y-%m-%d %H:%M} UTC (renamed or "
+                   f"retired?)")
     return 0
 
 
@@ -363,10 +366,11 @@ def history(job: str, db: str | None, db_password_file: str | None, namespace: s
 def check(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
           namespace: str | None, grace: float, as_json: bool) -> int:
     """Audit the ledger for monitoring: exit 0 all due periods done, 1 a stale heartbeat,
-    2 a due period missing or failed, or a period failed with no attempts left.
+    2 a due period missing or failed, a period failed with no attempts left, or a JOB named
+    that has never run, 3 (UNKNOWN) no job in the ledger at all (the wrong ledger?).
 
     Each finding is one line on stdout, `SEVERITY JOB PERIOD PROBLEM (DETAILS)`, most severe
-    first; `OK ...` when there is none.
+    first; `OK ...` naming the ledger when there is none.
     """
     from once import report
 

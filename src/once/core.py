@@ -80,7 +80,9 @@ def say(message: str, settings: Settings | None = None, level: int = NORMAL,
     if verbosity < level:
         return
     if settings is None or settings.log_format != "json":
-        print(f"once: {message}", file=sys.stderr, flush=True)
+        from once.escape import shown  # an owner or a reason may hold control characters
+
+        print(f"once: {shown(message)}", file=sys.stderr, flush=True)
         return
     import json
 

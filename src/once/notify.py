@@ -117,7 +117,9 @@ def _summary(failures: list[tuple[str, str]]) -> str:
 
 
 def _say(message: str) -> None:
-    print(f"once: {message}", file=sys.stderr, flush=True)
+    from once.escape import shown
+
+    print(f"once: {shown(message)}", file=sys.stderr, flush=True)
 
 
 def with_suffix(url: str, suffix: str) -> str:

@@ -11,9 +11,11 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.text import Text
 
 from once.core import Progress as PlainProgress
 from once.core import Result
+from once.escape import shown
 from once.periods import Period
 
 
@@ -24,7 +26,8 @@ class BarProgress(PlainProgress):
         self.failures = 0
         self.bar = Progress(
             TextColumn("catch-up"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[current]}"), TextColumn("[red]{task.fields[failed]}"),
+            TextColumn("{task.fields[current]}", markup=False),
+            TextColumn("[red]{task.fields[failed]}"),
             TimeElapsedColumn(), console=Console(stderr=True), transient=False,
         )
         self.task: TaskID | None = None
@@ -41,8 +44,8 @@ class BarProgress(PlainProgress):
         assert self.task is not None
         if not result.ok:
             self.failures += 1
-            self.bar.console.print(f"once: {period.key}: {result.outcome} "
-                                   f"(exit {result.status})")
+            self.bar.console.print(Text(f"once: {shown(period.key)}: {result.outcome} "
+                                        f"(exit {result.status})"))
         failed = f"{self.failures} failed" if self.failures else ""
         self.bar.update(self.task, advance=1, failed=failed)
 

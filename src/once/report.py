@@ -42,7 +42,10 @@ them: the first three fields never contain spaces):
     CRITICAL <job> <period> stale (owner <o>, attempt <a>, heartbeat <age> ago, stale after <d>)
     WARNING <job> <period> stale (...)                 (the period is not due yet)
     CRITICAL <job> - unknown (no run of this job in the ledger)
-    OK <n> jobs: every due period done                 (only when there is no finding)
+    UNKNOWN - - empty (no job has run in the ledger <url>; ...)     (exit 3)
+    OK <n> jobs: every due period done (ledger <url>)  (only when there is no finding)
+
+Text from the ledger is shown through once.escape.shown: a finding is always one line.
 
 A range line follows the first ten listed findings of one kind for one job.
 """
@@ -81,6 +84,7 @@ from sqlalchemy.sql import Executable
 
 from once import gaps
 from once import schema as tables
+from once.escape import shown
 from once.ledger import LedgerError, Target, describe
 from once.periods import Period, Schedule, SpecError, iso
 from once.periods import schedule as make_schedule
@@ -89,8 +93,8 @@ LIST_LIMIT = 10  # findings (missing keys, failed periods) listed one by one per
 WALK_LIMIT = 100_000  # missing units walked per job to count the gaps of a cron job
 CHUNK = 200  # jobs per statement (SQLite allows 500 terms in a compound SELECT)
 
-OK, WARNING, CRITICAL = 0, 1, 2
-SEVERITY = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL"}
+OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
+SEVERITY = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
 
 _TICK = timedelta(microseconds=1)
 _NEVER = datetime.min.replace(tzinfo=UTC)
@@ -662,7 +666,8 @@ def status(target: Target, jobs_named: Sequence[str], namespace: str | None,
     if timeline and states:
         drawings = _timelines(target, states, last)
     if as_json:
-        _print(json.dumps(status_objects(states, drawings if timeline else None), indent=2))
+        _print(json.dumps(status_objects(states, drawings if timeline else None,
+                                         target.redacted), indent=2))
     elif timeline:
         from once import timeline as draw
 
@@ -678,12 +683,15 @@ def status(target: Target, jobs_named: Sequence[str], namespace: str | None,
 
 
 def status_objects(states: Sequence[JobState],
-                   drawings: dict[str, list[tuple[Period, str]]] | None = None
-                   ) -> list[dict[str, Any]]:
-    """The array `once status --json` prints; with drawings, each job's `timeline` too."""
+                   drawings: dict[str, list[tuple[Period, str]]] | None = None,
+                   ledger: str | None = None) -> list[dict[str, Any]]:
+    """The array `once status --json` prints; with drawings, each job's `timeline` too;
+    with ledger (a redacted URL), the ledger read, in each object."""
     out = []
     for s in states:
         obj = status_object(s)
+        if ledger is not None:
+            obj["ledger"] = ledger
         if drawings is not None:
             obj["timeline"] = [{"period": p.key, "start": iso(p.start), "state": cell}
                                for p, cell in drawings.get(s.name, [])]
@@ -752,22 +760,30 @@ def _round(value: float | None) -> float | None:
 
 def check(target: Target, jobs_named: Sequence[str], namespace: str | None, grace: float,
           as_json: bool) -> int:
-    """`once check`: the findings, one a line; exit 0, 1 (WARNING) or 2 (CRITICAL)."""
+    """`once check`: the findings, one a line; exit 0, 1 (WARNING), 2 (CRITICAL) or 3
+    (UNKNOWN: no job in the ledger, which is more often the wrong ledger than a quiet one)."""
     names = _stored(jobs_named, namespace)
     states, _ = _load(target, names or None, namespace, grace)
     found = findings(states)
     for name in sorted(set(names) - {s.name for s in states}):
         found.append(Finding(CRITICAL, name, "-", "unknown", "no run of this job in the ledger"))
+    if not states and not names:
+        where = f"namespace {namespace} in " if namespace else ""
+        found.append(Finding(UNKNOWN, "", "-", "empty",
+                             f"no job has run in {where}the ledger {target.redacted}; is it "
+                             f"the one the jobs use? see --db and ONCE_DATABASE_URL"))
     found.sort(key=lambda f: f.order)
     worst = max((f.severity for f in found), default=OK)
     if as_json:
-        _print(json.dumps([f.as_dict() for f in found], indent=2))
+        _print(json.dumps([{**f.as_dict(), "ledger": target.redacted} for f in found],
+                          indent=2))
     elif found:
         for f in found:
             _print(f.line)
     else:
         count = len(states)
-        _print(f"OK {count} job{'' if count == 1 else 's'}: every due period done")
+        _print(f"OK {count} job{'' if count == 1 else 's'}: every due period done "
+               f"(ledger {shown(target.redacted)})")
     return worst
 
 
@@ -776,22 +792,25 @@ class Finding:
     severity: int
     job: str
     period: str  # a key, FIRST..LAST for a range, or - for the job as a whole
-    problem: str  # missing, failed, failed-out, stale, unknown, unreadable
+    problem: str  # missing, failed, failed-out, stale, unknown, unreadable, empty
     detail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     at: datetime = _NEVER  # for ordering
 
     @property
     def line(self) -> str:
-        text = f"{SEVERITY[self.severity]} {self.job} {self.period} {self.problem}"
-        return f"{text} ({self.detail})" if self.detail else text
+        """One line, whatever the job, period or owner hold (their controls escaped)."""
+        job = shown(self.job) or "-"  # "": the ledger as a whole
+        text = f"{SEVERITY[self.severity]} {job} {shown(self.period)} {self.problem}"
+        return f"{text} ({shown(self.detail)})" if self.detail else text
 
     @property
     def order(self) -> tuple[Any, ...]:
         return (-self.severity, self.job, self.at, self.problem)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"severity": SEVERITY[self.severity], "status": self.severity, "job": self.job,
+        return {"severity": SEVERITY[self.severity], "status": self.severity,
+                "job": self.job or None,
                 "period": None if self.period == "-" else self.period,
                 "problem": self.problem, "detail": self.detail or None, **self.extra,
                 "line": self.line}
@@ -1084,7 +1103,7 @@ def _print(text: str) -> None:
 
 
 def _say(message: str) -> None:
-    print(f"once: {message}", file=sys.stderr)
+    print(f"once: {shown(message)}", file=sys.stderr)
 
 
 def _age(seconds: float) -> str:
@@ -1160,10 +1179,11 @@ def status_cells(s: JobState, now: datetime) -> list[Cell]:
 
 def _render_status(states: Sequence[JobState], now: datetime, target: Target) -> None:
     rows = [status_cells(s, now) for s in states]
+    caption = f"ledger: {target.redacted}"  # which ledger: the wrong one looks empty or stale
     if _tty():
-        render_rich(STATUS_HEADERS, rows, caption=target.redacted)
+        render_rich(STATUS_HEADERS, rows, caption=caption)
     else:
-        _print(plain_table(STATUS_HEADERS, rows))
+        _print(plain_table(STATUS_HEADERS, rows) + "\n\n" + shown(caption))
 
 
 HISTORY_HEADERS = ["PERIOD", "ATTEMPT", "FENCE", "OWNER", "STARTED", "FINISHED", "TOOK",
@@ -1206,7 +1226,7 @@ def _status_word(entry: dict[str, Any]) -> str:
 
 def plain_table(headers: Sequence[str], rows: Sequence[Sequence[Cell]]) -> str:
     """Columns aligned with spaces: no colour, no box drawing, one line a row."""
-    table = [list(headers), *[[text for text, _ in row] for row in rows]]
+    table = [list(headers), *[[shown(text) for text, _ in row] for row in rows]]
     widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
                      .rstrip() for row in table)
@@ -1219,12 +1239,14 @@ def render_rich(headers: Sequence[str], rows: Sequence[Sequence[Cell]], title: s
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(box=box.SIMPLE_HEAD, title=title or None, caption=caption or None,
+    # Text objects, never strings: rich would read a job named `x[/]y` or `[link=…]` as markup.
+    table = Table(box=box.SIMPLE_HEAD, title=Text(shown(title)) if title else None,
+                  caption=Text(shown(caption)) if caption else None,
                   header_style="bold", title_justify="left", caption_justify="left")
     for header in headers:
-        table.add_column(header, overflow="fold")
+        table.add_column(Text(header), overflow="fold")
     for row in rows:
-        table.add_row(*[Text(text, style=style) for text, style in row])
+        table.add_row(*[Text(shown(text), style=style) for text, style in row])
     Console(highlight=False).print(table)
 
 
@@ -1260,20 +1282,20 @@ def timeline_cells(conn: Connection, target: Target, s: JobState,
     if s.sched is None or s.current is None:
         return []
     count = min(max(1, last or default_last(s)), MAX_LAST)
-    shown = [s.current]
+    periods = [s.current]
     first = _utc(s.first.start) if s.first is not None else _NEVER
-    while len(shown) < count and _utc(shown[-1].start) > first:
-        shown.append(s.sched.previous(shown[-1]))  # not before the job's first period
-    shown.reverse()
+    while len(periods) < count and _utc(periods[-1].start) > first:
+        periods.append(s.sched.previous(periods[-1]))  # not before the job's first period
+    periods.reverse()
     query = select(runs.c.period, runs.c.status, runs.c.heartbeat_at,
                    runs.c.stale_after).where(
         runs.c.job == s.name,
-        runs.c.period_start >= _bind(target, shown[0].start),
-        runs.c.period_start < _bind(target, shown[-1].end))
+        runs.c.period_start >= _bind(target, periods[0].start),
+        runs.c.period_start < _bind(target, periods[-1].end))
     rows: dict[str, list[Any]] = {}
     for row in conn.execute(query):
         rows.setdefault(row.period.partition("#")[0], []).append(row)
-    return [(p, _cell(s, p, rows.get(p.key, []))) for p in shown]
+    return [(p, _cell(s, p, rows.get(p.key, []))) for p in periods]
 
 
 def _cell(s: JobState, period: Period, rows: list[Any]) -> str:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from datetime import date, timedelta
 from typing import TYPE_CHECKING, Any
 
+from once.escape import shown
 from once.periods import Period
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ STRIP_WIDTH = {"week": 52, "month": 12, "quarter": 4, "year": 10}
 
 
 def render(jobs: Sequence[tuple[JobState, list[tuple[Period, str]]]], tty: bool) -> None:
+    """Print the jobs' drawings; text from the ledger (names, zones) with its controls
+    escaped, and never read as rich markup."""
     lines: list[Line] = []
     for i, (state, cells) in enumerate(jobs):
         if i:
@@ -55,11 +58,11 @@ def render(jobs: Sequence[tuple[JobState, list[tuple[Period, str]]]], tty: bool)
         for line in lines:
             text = Text()
             for chunk, style in line:
-                text.append(chunk, style=style or None)
+                text.append(shown(chunk), style=style or None)
             console.print(text, soft_wrap=True)
     else:
         for line in lines:
-            sys.stdout.write("".join(chunk for chunk, _ in line).rstrip() + "\n")
+            sys.stdout.write("".join(shown(chunk) for chunk, _ in line).rstrip() + "\n")
 
 
 def draw(s: JobState, cells: list[tuple[Period, str]], tty: bool) -> list[Line]:

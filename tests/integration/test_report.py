@@ -59,6 +59,11 @@ def status_json(env: dict[str, str], *args: str) -> list[dict[str, Any]]:
     return parsed
 
 
+def ledger(env: dict[str, str]) -> str:
+    """How check's OK line names the ledger it read."""
+    return f"ledger {parse_url(env['ONCE_DATABASE_URL']).redacted}"
+
+
 def check_lines(env: dict[str, str], *args: str) -> tuple[int, list[str]]:
     result = once(env, "check", *args)
     assert result.returncode in (0, 1, 2), result.stderr
@@ -178,7 +183,8 @@ def test_status_in_a_pipe_is_plain_text(once_env: dict[str, str]) -> None:
     result = once(once_env, "status")
     assert result.returncode == 0
     assert "\x1b" not in result.stdout
-    header, row = result.stdout.splitlines()
+    header, row, blank, ledger = result.stdout.splitlines()
+    assert (blank, ledger) == ("", f"ledger: {once_env['ONCE_DATABASE_URL']}")
     assert header.split()[:3] == ["JOB", "SCHEDULE", "TZ"]
     assert row.startswith("nightly ")
     assert day(0) in row and f"2 from {day(-2)}" in row
@@ -224,8 +230,8 @@ def test_status_on_an_empty_ledger(once_env: dict[str, str]) -> None:
     result = once(once_env, "status")
     assert result.returncode == 0 and result.stdout == ""
     assert status_json(once_env) == []
-    code, lines = check_lines(once_env)
-    assert (code, lines) == (0, ["OK 0 jobs: every due period done"])
+    result = once(once_env, "check")  # an empty ledger is more often the wrong one: UNKNOWN
+    assert result.returncode == 3 and result.stdout.startswith("UNKNOWN - - empty ")
 
 
 # -- check -----------------------------------------------------------------------------------
@@ -249,7 +255,7 @@ def test_check_names_both_missing_days(once_env: dict[str, str]) -> None:
 def test_check_all_done(once_env: dict[str, str]) -> None:
     catchup(once_env, "nightly", day(-3), day(0))
     code, lines = check_lines(once_env)
-    assert (code, lines) == (0, ["OK 1 job: every due period done"])
+    assert (code, lines) == (0, [f"OK 1 job: every due period done ({ledger(once_env)})"])
     result = once(once_env, "check", "--json")
     assert (result.returncode, json.loads(result.stdout)) == (0, [])
 
@@ -299,7 +305,8 @@ def test_check_due_period_held_by_a_live_attempt_is_fine(once_env: dict[str, str
                                                          ledger_url: str) -> None:
     catchup(once_env, "slow", day(-2), day(0))
     set_running(ledger_url, "slow", day(-1), datetime.now(UTC))
-    assert check_lines(once_env) == (0, ["OK 1 job: every due period done"])
+    assert check_lines(once_env) == (
+        0, [f"OK 1 job: every due period done ({ledger(once_env)})"])
     (entry,) = status_json(once_env)
     assert entry["missing"] == 0 and entry["failed"] == 0
     (running,) = entry["running"]
