@@ -594,7 +594,8 @@ FILES = (
         "~/.local/state/once/ledger.db",
         "The default ledger, a SQLite file "
         "(`$XDG_STATE_HOME/once/ledger.db` when `XDG_STATE_HOME` "
-        "is set), created with its directory on first use. "
+        "is set), created with its directory on first use, private to the user (0600, "
+        "the directory 0700). "
         "`--db` or `ONCE_DATABASE_URL` names another.",
     ),
 )

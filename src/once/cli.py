@@ -254,7 +254,9 @@ def verbosity_options(func: F) -> F:
     func = click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
                         show_default=True, help="json: one JSON object a line (time, level, "
                         "event, job, period, attempt, fence, owner, message).")(func)
-    func = click.option("-q", "--quiet", is_flag=True, help="Log only errors.")(func)
+    func = click.option("-q", "--quiet", is_flag=True,
+                        help="Log only errors (not the warning that a period failed out, "
+                             "which every fire of a */5 cron line would repeat).")(func)
     return click.option("-v", "--verbose", count=True, help="Also log claims and skips.")(func)
 
 

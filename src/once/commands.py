@@ -95,16 +95,17 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
                                  state=state, max_clock_skew=max_clock_skew,
                                  command_hash=core.command_hash(command, version_tag))
         return core.catch_up(ledger, the_job, todo, command, settings, keep_going,
-                             _progress(quiet))
+                             _progress(quiet, log_format))
 
 
-def _progress(quiet: bool) -> Any:
-    """A rich progress bar on a terminal; plain lines in a pipe; nothing with --quiet."""
+def _progress(quiet: bool, log_format: str = "text") -> Any:
+    """A rich progress bar on a terminal; plain (or JSON) lines elsewhere; nothing with
+    --quiet."""
     from once import core
 
     if quiet:
         return _silent_progress()
-    if sys.stderr.isatty():
+    if sys.stderr.isatty() and log_format == "text":
         from once.progress import BarProgress
 
         return BarProgress()

@@ -28,7 +28,9 @@ EXIT_FENCED_OUT = 70
 EXIT_LEDGER = 75
 EXIT_TIMEOUT = 124
 
-QUIET, NORMAL, VERBOSE = 0, 1, 2
+QUIET, NORMAL, VERBOSE = 0, 1, 2  # -q, the default, -v
+ERROR = QUIET  # a message at this level is shown even with -q: "log only errors"
+_JSON_LEVELS = {ERROR: "error", NORMAL: "warning", VERBOSE: "info"}
 
 # --max-clock-skew: the period comes from this host's clock (the one cron fired by), so a
 # claim is refused when a server's clock disagrees with it by more than this (seconds).
@@ -73,9 +75,10 @@ def default_owner() -> str:
 
 
 def say(message: str, settings: Settings | None = None, level: int = NORMAL,
-        event: str = "message") -> None:
+        event: str = "message", json_level: str | None = None) -> None:
     """One `once:` line on stderr (or one JSON object, --log-format json), unless the
-    verbosity is below its level."""
+    verbosity is below its level (ERROR: always). json_level overrides the record's level,
+    which is otherwise error, warning or info by `level`."""
     verbosity = settings.verbosity if settings else NORMAL
     if verbosity < level:
         return
@@ -87,7 +90,7 @@ def say(message: str, settings: Settings | None = None, level: int = NORMAL,
     import json
 
     record = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"),
-              "level": "info" if level > NORMAL else "warning", "event": event,
+              "level": json_level or _JSON_LEVELS.get(level, "info"), "event": event,
               **settings.context, "owner": settings.owner, "message": message}
     print(json.dumps(record), file=sys.stderr, flush=True)
 
@@ -174,10 +177,10 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
                              require_same_command=settings.require_same_command,
                              max_clock_skew=settings.max_clock_skew)
     except LedgerError as exc:
-        say(f"{exc}; nothing was run", settings, event="unreachable")
+        say(f"{exc}; nothing was run", settings, ERROR, "unreachable")
         return Result("unreachable", EXIT_LEDGER)
     except CommandDrift as exc:
-        say(f"{exc}; nothing was run", settings, event="command-drift")
+        say(f"{exc}; nothing was run", settings, ERROR, "command-drift")
         return Result("command-drift", EXIT_USAGE)
     if not claim.won:
         result = _skipped(what, claim, job, settings)
@@ -202,7 +205,10 @@ def _notify(settings: Settings, result: Result, env: dict[str, str]) -> None:
     nor for a refused command drift (a usage error: nothing was claimed)."""
     if settings.notifier is not None and result.outcome not in ("unreachable",
                                                                   "command-drift"):
-        settings.notifier.finished(result.outcome, result.status, env)
+        def log(message: str, event: str) -> None:
+            say(message, settings, ERROR, event)
+
+        settings.notifier.finished(result.outcome, result.status, env, log)
 
 
 def run_shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
@@ -282,14 +288,14 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
         why = "another attempt took it over" if lease.lost else (
             f"the ledger stayed unreachable past the deadline ({lease.last_error})")
         say(f"{what}: fenced out: {why}; the command was stopped and nothing was recorded",
-            settings, event="fenced-out")
+            settings, ERROR, "fenced-out")
         return Result("fenced-out", EXIT_FENCED_OUT)
     if outcome.kind == "exec-failed":
-        say(f"cannot run {command[0]!r}: {outcome.message}", settings, event="exec-failed")
+        say(f"cannot run {command[0]!r}: {outcome.message}", settings, ERROR, "exec-failed")
     if outcome.kind == "guard-died":  # the group is dead: the failure may be retried at once
-        say(f"{what}: {outcome.message}; recorded failed", settings, event="guard-died")
+        say(f"{what}: {outcome.message}; recorded failed", settings, ERROR, "guard-died")
     if state_error:
-        say(f"{what}: {state_error}; recorded failed", settings, event="bad-state")
+        say(f"{what}: {state_error}; recorded failed", settings, ERROR, "bad-state")
     status = "done" if outcome.succeeded and not state_error else "failed"
     # The history's outcome says more than the status where there is more to say.
     result: str = {"timed-out": "timed-out", "exec-failed": "exec-failed",
@@ -303,23 +309,36 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
     if recorded is None:
         say(f"{what}: the ledger stayed unreachable, the result ({status}) was not recorded "
             f"({lease.last_error}); the period will be retried once its claim goes stale",
-            settings, event="unreachable")
+            settings, ERROR, "unreachable")
         return Result("unreachable", EXIT_LEDGER)
     if not recorded:
         why = "another attempt took it over"
         if new_state is not None and ledger.state(job.name)[1] != claim.state_version:
             why = "the job's watermark moved while the command ran"
         say(f"{what}: fenced out: the final write matched no row ({why}); nothing was "
-            f"recorded", settings, event="fenced-out")
+            f"recorded", settings, ERROR, "fenced-out")
         return Result("fenced-out", EXIT_FENCED_OUT)
     if outcome.kind == "timed-out":
         say(f"{what}: timed out after --timeout {settings.timeout:g}s; recorded failed",
-            settings, event="timed-out")
+            settings, ERROR, "timed-out")
         return Result("timed-out", EXIT_TIMEOUT)
+    if outcome.interrupted_by is not None:  # a pod's SIGTERM: the log must say why it ended
+        say(f"{what}: {_signal_name(outcome.interrupted_by)} received and forwarded to the "
+            f"command, which ended with status {outcome.status}; recorded failed", settings,
+            ERROR, "interrupted")
     say(f"{what}: {status} (exit {outcome.status})", settings, VERBOSE, status)
     if status == "failed" and outcome.status == 0:
         return Result("failed", 1)
     return Result(status, outcome.status)
+
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 # How long a final write is retried past the lease's deadline: --stale-after, at least 30 s
@@ -448,7 +467,10 @@ def missing_periods(ledger: Ledger, job: Job, schedule: Schedule, since: Period 
 
 
 class Progress:
-    """How catch-up reports each period: one plain line per period (a terminal may do more)."""
+    """How catch-up reports each period: one line per period, plain or JSON as the run's
+    --log-format says (a terminal may do more)."""
+
+    settings: Settings | None = None  # catch_up sets it: the log format, the verbosity
 
     def start(self, total: int) -> None:
         pass
@@ -459,8 +481,8 @@ class Progress:
     def result(self, period: Period, result: Result, seconds: float) -> None:
         verb = {"done": "done", "failed": "failed", "timed-out": "timed out",
                 "fenced-out": "fenced out"}.get(result.outcome, result.outcome)
-        print(f"once: {period.key}: {verb} (exit {result.status}, {seconds:.1f}s)"
-              if result.ran else f"once: {period.key}: {verb}", file=sys.stderr, flush=True)
+        say(f"{period.key}: {verb} (exit {result.status}, {seconds:.1f}s)" if result.ran
+            else f"{period.key}: {verb}", self.settings, NORMAL, "progress", "info")
 
     def stop(self) -> None:
         pass
@@ -476,6 +498,7 @@ def catch_up(ledger: Ledger, job: Job, periods: Sequence[Period], command: Seque
     is skipped and reported; the ledger unreachable ends it with 75.
     """
     progress = progress or Progress()
+    progress.settings = settings
     first_failure = 0
     progress.start(len(periods))
     try:

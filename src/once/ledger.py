@@ -102,6 +102,18 @@ def default_url() -> str:
     return "sqlite:///" + os.path.join(state, "once", "ledger.db")
 
 
+def create_private(target: Target) -> None:
+    """Create the default SQLite ledger's directory (0700) and file (0600), the user's alone:
+    they hold job names, owners and watermarks. What already exists keeps its mode; SQLite
+    gives the -wal and -shm files, and once the .locks file, the ledger's mode."""
+    if target.dialect != "sqlite" or target.url != default_url():
+        return
+    os.makedirs(os.path.dirname(target.path), mode=0o700, exist_ok=True)
+    with suppress(FileExistsError):
+        os.close(os.open(target.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                         0o600))
+
+
 def parse_url(url: str, password: str | None = None) -> Target:
     """Read a SQLAlchemy-style URL; `password` (from --db-password-file) overrides the URL's."""
     scheme = url.partition("://")[0].lower()
@@ -675,12 +687,11 @@ class SqliteLedger(Ledger):
 
         if self.target.path != ":memory:" and not os.path.exists(self.target.path):
             directory = os.path.dirname(self.target.path)
-            if directory and not os.path.isdir(directory):
-                if self.target.url != default_url():
-                    raise LedgerError(
-                        f"cannot open the ledger {self.target.url}: no directory {directory}"
-                    )
-                os.makedirs(directory, exist_ok=True)
+            if directory and not os.path.isdir(directory) and self.target.url != default_url():
+                raise LedgerError(
+                    f"cannot open the ledger {self.target.url}: no directory {directory}"
+                )
+            create_private(self.target)
         # isolation_level=None: we write BEGIN IMMEDIATE ourselves, so that concurrent
         # claimers queue on SQLite's write lock (busy timeout) instead of failing on upgrade.
         conn = sqlite3.connect(self.target.path, timeout=self.statement_timeout,

@@ -5,25 +5,30 @@ Neither ever changes the outcome, the claim or the exit status. Pings are bounde
 outcome is known, they delay `once run` by at most PING_BUDGET seconds in all (each request
 times out after PING_TIMEOUT, a failed one is tried PING_TRIES times with backoff), and what
 fails is one `once:` line on stderr that never shows the URL's path (it holds the key). A hook
-is killed after HOOK_TIMEOUT; its failure is one `once:` line. Only the standard library is
+runs in a process group of its own, which is killed whole after HOOK_TIMEOUT (a child it
+left behind would hold once's stdout and stderr, and cron would wait for it); its failure
+is one `once:` line. Only the standard library is
 used (urllib), and only when a ping or hook is configured.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 PING_TIMEOUT = 3.0  # seconds per request
 PING_TRIES = 3
 BACKOFF = (0.5, 1.0)  # seconds before the second and the third try
 PING_BUDGET = PING_TRIES * PING_TIMEOUT + sum(BACKOFF)  # the most pings delay the exit
-HOOK_TIMEOUT = 30.0
+HOOK_TIMEOUT = 30.0  # _ONCE_HOOK_TIMEOUT shortens it, for the test suite only
 SHELL = "/bin/sh"
+
+Log = Callable[[str, str], None]  # (message, event): how a failure is told (--log-format)
 
 SUCCESS = ("done",)
 SKIPS = ("skipped-done", "skipped-held", "skipped-failed")
@@ -60,8 +65,11 @@ class Notifier:
             target=lambda: errors.append(ping(url, stop=stop)), daemon=True)
         self._start.start()
 
-    def finished(self, outcome: str, status: int, env: Mapping[str, str]) -> None:
-        """The period's outcome is known: ping (within PING_BUDGET), then run the hook."""
+    def finished(self, outcome: str, status: int, env: Mapping[str, str],
+                 log: Log | None = None) -> None:
+        """The period's outcome is known: ping (within PING_BUDGET), then run the hook.
+        Failures are told through log (default: a plain `once:` line)."""
+        log = log or _say
         deadline = time.monotonic() + PING_BUDGET
         failures: list[tuple[str, str]] = []  # (which ping, why)
         if self._start is not None:
@@ -85,13 +93,14 @@ class Notifier:
             if error:
                 failures.append((which, error))
         if failures and self.ping_url:
-            _say(f"ping {redact_ping(self.ping_url)} failed: {_summary(failures)}")
+            log(f"ping {redact_ping(self.ping_url)} failed: {_summary(failures)}",
+                "ping-failed")
         kind = "skip" if outcome in SKIPS else "success" if outcome in SUCCESS else "failure"
         hook = {"success": self.on_success, "failure": self.on_failure,
                 "skip": self.on_skip}[kind]
         if hook:
             run_hook(hook, {**env, "ONCE_OUTCOME": outcome, "ONCE_STATUS": str(status)},
-                     HOOK_OPTIONS[kind])
+                     HOOK_OPTIONS[kind], log)
 
     def _result_url(self, outcome: str, status: int) -> tuple[str | None, str]:
         """The URL that tells outcome, and what to call it in a message."""
@@ -116,7 +125,7 @@ def _summary(failures: list[tuple[str, str]]) -> str:
     return "; ".join(f"{which}: {error}" for which, error in failures)
 
 
-def _say(message: str) -> None:
+def _say(message: str, event: str = "") -> None:
     from once.escape import shown
 
     print(f"once: {shown(message)}", file=sys.stderr, flush=True)
@@ -188,27 +197,49 @@ def _why(exc: Exception) -> str:
     return "bad URL"  # URLError('no host given'), ValueError, InvalidURL: they quote the URL
 
 
-def run_hook(command: str, env: Mapping[str, str], option: str = "hook") -> int | None:
+def run_hook(command: str, env: Mapping[str, str], option: str = "hook",
+             log: Log | None = None) -> int | None:
     """Run a hook through /bin/sh with the run's environment; report, never raise.
 
+    The hook leads a process group of its own: at the time limit the whole group is killed,
+    so that nothing it started keeps running (and keeps once's stdout and stderr open).
     Messages name the option, not the command, which may hold secrets of its own.
     """
+    import signal
     import subprocess
 
+    log = log or _say
+    limit = hook_timeout()
     try:
-        done = subprocess.run([SHELL, "-c", command], env=dict(env), timeout=HOOK_TIMEOUT,
-                              stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
-        _say(f"{option} hook timed out after {HOOK_TIMEOUT:g}s and was killed")
-        return None
+        proc = subprocess.Popen([SHELL, "-c", command], env=dict(env),
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     except (OSError, ValueError) as exc:
-        _say(f"{option} hook could not start: {getattr(exc, 'strerror', None) or exc}")
+        log(f"{option} hook could not start: {getattr(exc, 'strerror', None) or exc}",
+            "hook-failed")
         return None
-    if done.returncode != 0:
-        how = (f"was killed by signal {-done.returncode}" if done.returncode < 0
-               else f"exited {done.returncode}")
-        _say(f"{option} hook {how}")
-    return done.returncode
+    try:
+        code = proc.wait(timeout=limit)
+    except BaseException as exc:  # the limit, or once itself interrupted: end the group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
+        log(f"{option} hook timed out after {limit:g}s and was killed, with every process "
+            f"it started", "hook-failed")
+        return None
+    if code != 0:
+        how = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
+        log(f"{option} hook {how}", "hook-failed")
+    return code
+
+
+def hook_timeout() -> float:
+    """HOOK_TIMEOUT, or _ONCE_HOOK_TIMEOUT seconds (a test knob: 30 s is long for a test)."""
+    try:
+        return float(os.environ.get("_ONCE_HOOK_TIMEOUT") or HOOK_TIMEOUT)
+    except ValueError:
+        return HOOK_TIMEOUT
 
 
 def redact_ping(url: str) -> str:

@@ -96,6 +96,8 @@ CHUNK = 200  # jobs per statement (SQLite allows 500 terms in a compound SELECT)
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 SEVERITY = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
 
+STATE_PERIOD = "(state)"  # the history's rows of `once state --set`: no attempt, no fire
+
 _TICK = timedelta(microseconds=1)
 _NEVER = datetime.min.replace(tzinfo=UTC)
 
@@ -110,9 +112,14 @@ class _NoLedger(Exception):
 
 
 def _engine(target: Target) -> Engine:
-    """An engine for reading: SQLite opens a deferred (read) transaction, never a write lock."""
-    args = tables._engine_args(target)  # the connect arguments once.schema uses, timeouts too
-    eng = create_engine(target.sqlalchemy_url, poolclass=NullPool, **args)
+    """An engine for reading: SQLite opens a deferred (read) transaction, never a write lock,
+    on a read-only connection (_sqlite_read_only)."""
+    if target.dialect == "sqlite":
+        eng = create_engine("sqlite://", poolclass=NullPool,
+                            creator=lambda: _sqlite_read_only(target.path))
+    else:
+        args = tables._engine_args(target)  # the connect arguments once.schema uses
+        eng = create_engine(target.sqlalchemy_url, poolclass=NullPool, **args)
     if target.dialect == "sqlite":
 
         @event.listens_for(eng, "connect")
@@ -124,6 +131,28 @@ def _engine(target: Target) -> Engine:
             conn.exec_driver_sql("BEGIN")  # WAL: a consistent snapshot for every read
 
     return eng
+
+
+def _sqlite_read_only(path: str) -> Any:
+    """A connection that cannot write: reports work for an account that may only read the
+    ledger (a monitoring user), and never create or change a file.
+
+    A WAL ledger with no writer at work has no shared-memory file (`-shm`), and a read-only
+    connection cannot create one where it may not write: SQLite then refuses to read at all.
+    The file is then opened as immutable, which needs no shared memory; that is sound here
+    because a writer at work would have made the `-shm` file.
+    """
+    import sqlite3
+    from urllib.parse import quote
+
+    uri = "file:" + quote(os.path.abspath(path)) + "?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, timeout=30, check_same_thread=False)
+    try:
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        return conn
+    except sqlite3.OperationalError:
+        conn.close()
+    return sqlite3.connect(uri + "&immutable=1", uri=True, timeout=30, check_same_thread=False)
 
 
 @contextmanager
@@ -1004,7 +1033,8 @@ def _attempt_counts(conn: Connection, names: list[str]) -> dict[str, AttemptCoun
     reruns = func.sum(case((attempts.c.reason.is_not(None), 1), else_=0))
     for chunk in _chunks(names, 500):
         query = (select(attempts.c.job, attempts.c.status, func.count(), later, reruns)
-                 .where(attempts.c.job.in_(chunk))
+                 .where(attempts.c.job.in_(chunk),
+                        attempts.c.period != STATE_PERIOD)  # `state --set` ran nothing
                  .group_by(attempts.c.job, attempts.c.status))
         for job, status_, n, n_later, n_reruns in conn.execute(query):
             counts = found[job]

@@ -37,7 +37,7 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 
-from once.ledger import LedgerError, Target, describe
+from once.ledger import LedgerError, Target, create_private, describe
 
 SCHEMA_VERSION = 3  # 2: shards, state, state_version, command_hash; 3: once_runs.stale_after
 
@@ -256,6 +256,7 @@ def _prepare_sqlite_file(target: Target) -> None:
     import sqlite3
     import sys
 
+    create_private(target)  # the default ledger: the user's alone
     directory = os.path.dirname(os.path.abspath(target.path))
     os.makedirs(directory, exist_ok=True)
     fstype = filesystem_type(directory)

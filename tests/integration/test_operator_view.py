@@ -220,3 +220,232 @@ def test_help_gives_the_default_ledger_rule() -> None:
         assert "$XDG_STATE_HOME/once/ledger.db" in text
         assert "~/.local/state/once/ledger.db" in text
         assert "ONCE_DATABASE_URL_FILE" in text
+
+
+# -- 15. metrics -----------------------------------------------------------------------------
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """One sample of `once metrics`' exposition."""
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            body, _, value = line[len(name) + 1:].rpartition("} ")
+            pairs = dict(item.split("=", 1) for item in body.split(","))
+            if all(pairs.get(k) == f'"{v}"' for k, v in labels.items()):
+                return float(value)
+    raise AssertionError(f"no sample {name} {labels} in:\n{text}")
+
+
+def test_metrics_do_not_count_watermark_sets_as_runs(once_env: dict[str, str]) -> None:
+    """`once state --set` is recorded in the history, but it is neither a run nor a rerun."""
+    day = ["run", "--job", "sync", "--every", "day", "--", "true"]
+    assert once(once_env, *day).returncode == 0
+    for value in ("a", "b"):
+        assert once(once_env, "state", "sync", "--set", value).returncode == 0
+    assert once(once_env, *day).returncode == 0  # skipped: done
+    assert once(once_env, *day).returncode == 0  # skipped: done
+    text = once(once_env, "metrics").stdout
+    job = {"once_job": "sync"}
+    assert metric(text, "once_runs_total", status="done", **job) == 1
+    assert metric(text, "once_reruns_total", **job) == 0
+    assert metric(text, "once_takeovers_total", **job) == 0
+    assert metric(text, "once_fires_total", **job) == 3
+    assert metric(text, "once_skips_total", **job) == 2
+
+
+# -- 17. reports for an account that may only read -------------------------------------------
+
+
+NOBODY = 65534
+# Root without the capabilities that pass over file modes: a user like any other, who may
+# read the ledger (owned by nobody, 0644, in a 0755 directory) but not write it.
+READER = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+
+
+def as_reader(*args: str, env: dict[str, str]) -> Any:
+    import subprocess
+
+    return subprocess.run([*READER, ONCE, *args], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def give_away(directory: Path) -> None:
+    """The directory and its files belong to nobody now, readable by all."""
+    for path in (directory, *directory.iterdir()):
+        os.chown(path, NOBODY, NOBODY)
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+@sqlite_only
+def test_sqlite_reports_work_for_a_reader_that_cannot_write(once_env: dict[str, str],
+                                                            tmp_path: Path) -> None:
+    """A monitoring account that may read the ledger but not write it (nor its directory)
+    gets its reports, with no writer at work and while one holds the WAL."""
+    import shutil
+
+    from helpers import wait_for
+    from procs import start_once
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv, to take away the right to write")
+    home = tmp_path / "ledger"
+    home.mkdir()
+    env = {**once_env, "ONCE_DATABASE_URL": f"sqlite:///{home}/ledger.db"}
+    assert once(env, "run", "--job", "nightly", "--every", "day", "--", "true").returncode == 0
+    give_away(home)
+    assert as_reader("schema", env=env).returncode == 75  # it really cannot write
+    before = sorted(p.name for p in home.iterdir())
+    for args in (("status", "--json"), ("history", "nightly"), ("metrics",)):
+        result = as_reader(*args, env=env)
+        assert result.returncode == 0, (args, result.stdout + result.stderr)
+    assert sorted(p.name for p in home.iterdir()) == before  # nothing created
+    assert as_reader("check", env=env).stdout == once(env, "check").stdout
+
+    # A writer at work: its command runs while its connection holds the WAL open.
+    started = home / "started"
+    writer = start_once("run", "--job", "busy", "--every", "day", "--", "sh", "-c",
+                        f"touch {started}; sleep 30", env=env)
+    try:
+        wait_for(started.exists, what="the writer's command to start")
+        give_away(home)
+        result = as_reader("status", "--json", env=env)
+        assert result.returncode == 0, result.stderr
+        running = {j["job"]: j["running"] for j in json.loads(result.stdout)}
+        assert [r["period"] for r in running["busy"]] == [today()]
+        assert as_reader("check", env=env).returncode == 0
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+# -- 14. a hook's children -------------------------------------------------------------------
+
+
+@sqlite_only
+def test_a_hook_past_its_limit_is_killed_with_everything_it_started(
+        once_env: dict[str, str], tmp_path: Path) -> None:
+    """The hook's background child would hold once's stdout and stderr: cron would wait."""
+    import time
+
+    from procs import alive
+
+    pid_file = tmp_path / "child.pid"
+    env = {**once_env, "_ONCE_HOOK_TIMEOUT": "1"}
+    began = time.monotonic()
+    result = once(env, "run", "--job", "hooked", "--every", "day", "--on-success",
+                  f"sleep 40 & echo $! > {pid_file}; wait; true", "--", "true", timeout=90)
+    took = time.monotonic() - began  # the pipes close only when the last holder is gone
+    assert result.returncode == 0, result.stderr
+    assert took < 25, f"once's output stayed open {took:.0f}s"
+    assert "--on-success hook timed out after 1s" in result.stderr
+    assert not alive(int(pid_file.read_text()))
+
+
+# -- 16. --log-format json: one JSON object a line ------------------------------------------
+
+
+def json_lines(stderr: str) -> list[dict[str, Any]]:
+    """Every line of stderr as a JSON object (fails on a plain line)."""
+    return [json.loads(line) for line in stderr.splitlines()]
+
+
+@sqlite_only
+def test_json_logs_cover_catch_up_progress_pings_and_hooks(once_env: dict[str, str]) -> None:
+    import socket
+
+    with socket.socket() as closed:  # a port nobody listens on: the ping is refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    days = [(datetime.now(UTC).date() - timedelta(days=n)).isoformat() for n in (3, 2)]
+    result = once(once_env, "catchup", "--job", "late", "--every", "day", "--since", days[0],
+                  "--until", days[1], "--log-format", "json", "--", "true")
+    assert result.returncode == 0, result.stderr
+    events = json_lines(result.stderr)
+    assert [(e["event"], e["period"]) for e in events] == [("progress", d) for d in days]
+
+    result = once(once_env, "run", "--job", "late", "--every", "day", "--catchup", "5",
+                  "--log-format", "json", "--ping", f"http://127.0.0.1:{port}/key",
+                  "--on-success", "exit 5", "--", "true", timeout=90)
+    assert result.returncode == 0, result.stderr
+    events = json_lines(result.stderr)
+    kinds = [e["event"] for e in events]
+    assert kinds.count("progress") == 1  # yesterday, made up before today
+    assert kinds.count("ping-failed") == 2 and kinds.count("hook-failed") == 2
+    assert all(e["level"] == "error" for e in events if e["event"].endswith("-failed"))
+    assert all(e["job"] == "late" and e["message"] for e in events)
+
+
+# -- 21. every stop once handles leaves one line ---------------------------------------------
+
+
+def test_a_forwarded_signal_leaves_one_line(once_env: dict[str, str], tmp_path: Path) -> None:
+    """A pod stopped with SIGTERM: the log says which job, period and attempt, and why it
+    ended; with -q too, and as JSON."""
+    import signal
+
+    from helpers import wait_for
+    from procs import start_once
+
+    for options in ((), ("-q",), ("--log-format", "json")):
+        started = tmp_path / f"started{len(options)}"
+        job = f"pod{len(options)}"
+        proc = start_once("run", "--job", job, "--every", "day", *options, "--", "sh", "-c",
+                          f"touch {started}; sleep 60", env=once_env)
+        wait_for(started.exists, what="the command to start")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 143, stderr
+        (line,) = stderr.splitlines()
+        if options == ("--log-format", "json"):
+            record = json.loads(line)
+            assert (record["event"], record["job"], record["period"], record["attempt"]) == (
+                "interrupted", job, today(), 1)
+            line = "once: " + record["message"]
+        assert line.startswith(f"once: {job} {today()} attempt 1: SIGTERM received and "
+                               f"forwarded to the command"), line
+        assert "recorded failed" in line
+
+
+def test_quiet_keeps_errors(once_env: dict[str, str]) -> None:
+    """-q is for the every-few-minutes idiom: it drops the failed-out warning that every
+    fire would mail, never an error."""
+    args = ["run", "--job", "flaky", "--every", "day", "--max-attempts", "1", "-q"]
+    assert once(once_env, *args, "--", "false").returncode == 1
+    skipped = once(once_env, *args, "--", "false")
+    assert (skipped.returncode, skipped.stderr) == (0, "")
+    timed = once(once_env, "run", "--job", "slow", "--every", "day", "-q", "--timeout", "1",
+                 "--", "sleep", "30")
+    assert timed.returncode == 124
+    assert timed.stderr.startswith(f"once: slow {today()} attempt 1: timed out")
+
+
+# -- 22. the default ledger is the user's alone ----------------------------------------------
+
+
+def modes(directory: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mode & 0o777 for p in (directory, *directory.iterdir())}
+
+
+@sqlite_only
+@pytest.mark.parametrize("first", ["run", "schema"])
+def test_the_default_ledger_is_created_private(once_env: dict[str, str], tmp_path: Path,
+                                               first: str) -> None:
+    import subprocess
+
+    env = {k: v for k, v in once_env.items() if k != "ONCE_DATABASE_URL"}
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    args = (["run", "--job", "j", "--every", "day", "--", "true"] if first == "run"
+            else ["schema"])
+    done = subprocess.run([ONCE, *args], env=env, capture_output=True, text=True, timeout=60,
+                          umask=0o022)
+    assert done.returncode == 0, done.stderr
+    ledger = tmp_path / "state" / "once"
+    found = modes(ledger)
+    assert found.pop("once") == 0o700 and found.pop("ledger.db") == 0o600
+    assert all(mode == 0o600 for mode in found.values()), found  # -wal, -shm, .locks
+
+    # What exists keeps its mode: a directory and ledger the user opened up on purpose.
+    ledger.chmod(0o750)
+    (ledger / "ledger.db").chmod(0o640)
+    assert once(env, "run", "--job", "j", "--every", "day", "--", "true").returncode == 0
+    assert modes(ledger)["once"] == 0o750 and modes(ledger)["ledger.db"] == 0o640
