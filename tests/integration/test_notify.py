@@ -432,7 +432,8 @@ def test_a_hook_that_hangs_is_killed(monkeypatch: pytest.MonkeyPatch,
     assert notify.run_hook("exec sleep 30", dict(os.environ), "--on-skip") is None
     assert time.monotonic() - began < 5
     assert capsys.readouterr().err == (
-        "once: --on-skip hook timed out after 0.5s and was killed\n")
+        "once: --on-skip hook timed out after 0.5s and was killed, with every process it "
+        "started\n")
 
 
 @sqlite_only
