@@ -306,7 +306,8 @@ class Handler(BaseHTTPRequestHandler):
                               json.dumps({"error": f"ledger unreachable: {self._why(exc)}"})
                               + "\n")
         self._send(HTTPStatus.OK, "application/json",
-                   json.dumps(report.status_objects(fleet.states), indent=2) + "\n")
+                   json.dumps(report.status_objects(fleet.states, ledger=self._ledger()),
+                              indent=2) + "\n")
 
     def _job(self, name: str) -> None:
         from once import serve_data, serve_pages
