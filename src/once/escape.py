@@ -28,3 +28,9 @@ def _escape(ch: str) -> str:
         return _NAMED[ch]
     code = ord(ch)
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def shown_word(text: str) -> str:
+    """shown(text), spaces escaped too (\\u0020): a field of a line that scripts split on
+    spaces (`once check`'s job and period) stays one field whatever the ledger holds."""
+    return shown(text).replace(" ", "\\u0020")

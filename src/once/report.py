@@ -84,7 +84,7 @@ from sqlalchemy.sql import Executable
 
 from once import gaps
 from once import schema as tables
-from once.escape import shown
+from once.escape import shown, shown_word
 from once.ledger import LedgerError, Target, describe
 from once.periods import Period, Schedule, SpecError, iso
 from once.periods import schedule as make_schedule
@@ -829,8 +829,8 @@ class Finding:
     @property
     def line(self) -> str:
         """One line, whatever the job, period or owner hold (their controls escaped)."""
-        job = shown(self.job) or "-"  # "": the ledger as a whole
-        text = f"{SEVERITY[self.severity]} {job} {shown(self.period)} {self.problem}"
+        job = shown_word(self.job) or "-"  # "": the ledger as a whole
+        text = f"{SEVERITY[self.severity]} {job} {shown_word(self.period)} {self.problem}"
         return f"{text} ({shown(self.detail)})" if self.detail else text
 
     @property
