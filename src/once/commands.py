@@ -52,12 +52,15 @@ from once.escape import shown
 @click.option("--keep-going", is_flag=True, help="Go on after a failed period; exit with the "
               "first failure's status.")
 @click.option("--dry-run", is_flag=True, help="List the periods that would run; run nothing.")
+@click.option("--allow-future", is_flag=True, help="Let --until name a period that has not "
+              "begun (refused otherwise: exit 2).")
 @liveness_options
 @verbosity_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARG]...")
 def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
             db_password_file: str | None, namespace: str | None, since: str | None,
             until: str | None, max_count: int | None, keep_going: bool, dry_run: bool,
+            allow_future: bool,
             lag: int, stale_after: float, kill_after: float | None, timeout: float | None,
             max_attempts: int, state: bool, shards: int, version_tag: str | None,
             max_clock_skew: float, verbose: int, quiet: bool, log_format: str,
@@ -80,6 +83,8 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
     target = open_target(db, db_password_file)
     first = sched.resolve(since) if since else None
     last = sched.resolve(until) if until else core.current_period(sched, lag)
+    if not allow_future:
+        core.refuse_future(last, "--until")
     with ledger_for(target, stale_after) as ledger:
         try:
             todo = core.missing_periods(ledger, the_job, sched, first, last)
@@ -131,6 +136,8 @@ EXIT_REFUSED = 69
 @click.option("--period", "key", required=True, metavar="KEY", envvar="ONCE_RERUN_PERIOD",
               help="The period's key.")
 @click.option("--reason", metavar="TEXT", help="Why, kept in the history.")
+@click.option("--allow-future", is_flag=True, help="Run a period that has not begun (refused "
+              "otherwise: exit 2).")
 @ledger_options
 @kill_after_option
 @click.option("--timeout", type=DURATION, help="SIGTERM the command when it runs longer.")
@@ -139,7 +146,7 @@ EXIT_REFUSED = 69
 @clock_option
 @verbosity_options
 @command_argument
-def rerun(job: str, key: str, reason: str | None, db: str | None,
+def rerun(job: str, key: str, reason: str | None, allow_future: bool, db: str | None,
           db_password_file: str | None, namespace: str | None, kill_after: float | None,
           timeout: float | None, version_tag: str | None, max_clock_skew: float,
           verbose: int, quiet: bool, log_format: str, command: tuple[str, ...]) -> int:
@@ -171,6 +178,8 @@ def rerun(job: str, key: str, reason: str | None, db: str | None,
             raise click.UsageError(f"job {name} runs {the_job.shards} shards: give --period "
                                    f"KEY#i, i from 0 to {the_job.shards - 1}")
         period = sched.from_key(base)
+        if not allow_future:
+            core.refuse_future(period, "--period")
         # The grace must fit the job's --stale-after, which the ledger holds.
         settings = core.Settings(kill_after=kill_after_for(kill_after, the_job.stale_after),
                                  timeout=timeout, verbosity=verbosity(verbose, quiet),

@@ -111,6 +111,17 @@ EXPORTED = ("ONCE_JOB", "ONCE_PERIOD", "ONCE_PERIOD_START", "ONCE_PERIOD_END",
             "ONCE_SHARD", "ONCE_SHARDS", "ONCE_OUTCOME", "ONCE_STATUS")
 
 
+def refuse_future(period: Period, option: str, now: datetime | None = None) -> None:
+    """A usage error for a period that has not begun: run ahead of time, it would be marked
+    done and the real fire in it would skip (catchup --until, rerun --period)."""
+    if period.start.astimezone(UTC) > (now or datetime.now(UTC)):
+        from once.limits import InputError
+
+        raise InputError(f"{option} {period.key} has not begun (it starts "
+                         f"{iso(period.start)}): its real fire would then skip; "
+                         f"--allow-future runs it anyway")
+
+
 def child_env(job: Job, period: Period, claim: Claim | None, shard: int | None = None,
               claimed: bool = True) -> dict[str, str]:
     """The command's environment (README "The command's environment"); a skip's hooks get

@@ -7,6 +7,7 @@ cure, a ledger later commands could not read, or a silent wrong answer.
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +275,34 @@ def test_a_pruned_period_whose_attempt_was_taken_over_can_be_claimed_again(
                              "WHERE period = '2026-01-01'") == [("done", 1)]
     history = run_once("history", "p", "--json", env=once_env)
     assert history.returncode == 0 and '"2026-01-01"' in history.stdout, history.stderr
+
+
+# -- 6. periods that have not begun -----------------------------------------------------------
+
+
+def test_catchup_and_rerun_refuse_a_period_that_has_not_begun(once_env: dict[str, str],
+                                                              ledger_url: str,
+                                                              tmp_path: Path) -> None:
+    today = datetime.now(UTC).date()
+    past, future = str(today - timedelta(days=3)), str(today + timedelta(days=2))
+    # Up to now: fine.
+    assert run_once("catchup", "--job", "f", *DAY, "--since", past, "-q", "--", "true",
+                    env=once_env).returncode == 0
+    done = query(ledger_url, "SELECT count(*) FROM once_runs")[0][0]
+    ran = tmp_path / "ran"
+    for args in (["catchup", "--job", "f", *DAY, "--since", past, "--until", future],
+                 ["catchup", "--job", "f", *DAY, "--since", future, "--until", future],
+                 ["catchup", "--job", "f", *DAY, "--since", past, "--until", "9999-12-30"],
+                 ["rerun", "--job", "f", "--period", future]):
+        refused = run_once(*args, "--", "touch", str(ran), env=once_env)
+        assert "has not begun" in one_line(refused, 2), args
+    assert not ran.exists()
+    assert query(ledger_url, "SELECT count(*) FROM once_runs") == [(done,)]
+    # Ahead of time only when asked for.
+    ahead = run_once("catchup", "--job", "f", *DAY, "--since", past, "--until", future,
+                     "--allow-future", "-q", "--", "true", env=once_env)
+    assert ahead.returncode == 0, ahead.stderr
+    assert query(ledger_url, "SELECT count(*) FROM once_runs") == [(6,)]
+    again = run_once("rerun", "--job", "f", "--period", future, "--allow-future", "--",
+                     "true", env=once_env)
+    assert again.returncode == 0, again.stderr
