@@ -136,7 +136,7 @@ def _changes_in_year(tz: ZoneInfo, year: int) -> tuple[tuple[datetime, int, int]
         stop = datetime(year + 1, 1, 1, tzinfo=UTC)
     except ValueError:
         stop = datetime.max.replace(tzinfo=UTC)
-    probes = [begin - _SECOND]
+    probes = [begin - _SECOND] if year > 1 else [begin]  # nothing before the year 1
     day = begin
     while day < stop:
         probes.append(day)

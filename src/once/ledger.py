@@ -503,7 +503,7 @@ class Ledger:
         raise NotImplementedError
 
     def _from_db_time(self, value: Any) -> datetime:
-        instant: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
+        instant: datetime = sqlite_time(value) if isinstance(value, str) else value
         return instant.replace(tzinfo=UTC) if instant.tzinfo is None else instant.astimezone(UTC)
 
     def _open(self) -> Any:
@@ -804,7 +804,9 @@ class SqliteLedger(Ledger):
         return int(version)
 
     def _time(self, instant: datetime) -> Any:
-        return instant.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+        # As SQLAlchemy writes DateTime on SQLite, the year in four digits: strftime('%Y')
+        # gives '1' for the year 1, which no reader could parse and which sorts after 2026.
+        return instant.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
 
     def _fetch(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         # The shared reads are written in the pyformat style; sqlite3 wants :name.
@@ -813,6 +815,15 @@ class SqliteLedger(Ledger):
     def _is_schema_error(self, exc: Exception) -> bool:
         text = str(exc)
         return "no such table" in text or "no such column" in text or "has no column" in text
+
+
+def sqlite_time(text: str) -> datetime:
+    """A time as SQLite holds it, naive UTC; also as earlier versions wrote a year before 1000
+    there (`1-01-01 00:00:00.000000`, the year unpadded)."""
+    year, dash, rest = text.partition("-")
+    if dash and len(year) < 4 and year.isdigit():
+        text = f"{int(year):04d}-{rest}"
+    return datetime.fromisoformat(text)
 
 
 def _skew(params: dict[str, Any], db_minus_host: float) -> ClockSkew:

@@ -12,6 +12,7 @@ what is missing.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 
 from sqlalchemy import (
@@ -42,8 +43,13 @@ from once.ledger import LedgerError, Target, create_private, describe
 SCHEMA_VERSION = 3  # 2: shards, state, state_version, command_hash; 3: once_runs.stale_after
 
 # Times are UTC instants: timestamptz on PostgreSQL, DATETIME(6) (UTC by convention, written
-# with UTC_TIMESTAMP(6)) on MySQL/MariaDB, ISO text on SQLite.
-UtcTime = DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+# with UTC_TIMESTAMP(6)) on MySQL/MariaDB, ISO text on SQLite (`0001-01-01 00:00:00.000000`).
+# SQLite rows are read by a pattern that also takes the unpadded year earlier versions wrote
+# for years before 1000 (`1-01-01 ...`; `once schema` pads them): every report reads any row.
+SQLITE_TIME = re.compile(r"(\d+)-(\d+)-(\d+)(?:[ T](\d+):(\d+)(?::(\d+)(?:\.(\d{6}))?)?)?")
+UtcTime = (DateTime(timezone=True)
+           .with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+           .with_variant(sqlite.DATETIME(regexp=SQLITE_TIME), "sqlite"))  # type: ignore[no-untyped-call]
 # Keys compare byte for byte everywhere: binary collation on MySQL/MariaDB.
 Key = String(255).with_variant(
     mysql.VARCHAR(255, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
@@ -225,12 +231,29 @@ def _upgrade(conn: Connection) -> None:
             f"({SCHEMA_VERSION}): upgrade once"
         )
     _add_missing(conn)
+    if conn.dialect.name == "sqlite":
+        _pad_sqlite_years(conn)
     # Changes that adding columns and indexes cannot express go here, numbered:
     # `if version < 3: conn.execute(...)`.
     if version < SCHEMA_VERSION:
         conn.execute(
             meta.update().where(meta.c.name == "schema_version").values(value=str(SCHEMA_VERSION))
         )
+
+
+# The columns that can hold a period's bounds, the only times that can be before year 1000.
+_PERIOD_TIMES = (("once_runs", "period_start"), ("once_runs", "period_end"),
+                 ("once_jobs", "first_period_start"))
+
+
+def _pad_sqlite_years(conn: Connection) -> None:
+    """Four-digit years in SQLite times that earlier versions wrote unpadded (the year 1 as
+    `1-01-01 ...`): they sorted after 2026 and compared wrongly. Padded text is 26
+    characters, so the WHERE clause finds only the old rows."""
+    for table, column in _PERIOD_TIMES:
+        conn.execute(text(
+            f"UPDATE {table} SET {column} = substr('000', 1, 26 - length({column})) || {column} "
+            f"WHERE length({column}) BETWEEN 23 AND 25 AND {column} GLOB '[0-9]*-[0-9][0-9]-*'"))
 
 
 def _add_missing(conn: Connection) -> None:

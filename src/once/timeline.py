@@ -140,7 +140,7 @@ def _rows(cells: list[tuple[Period, str]], tty: bool, by_day: bool, unit: int) -
     last_slot: dict[str, int] = {}
     for period, state in cells:
         start = period.start
-        label = start.date().isoformat() if by_day else start.strftime("%Y-%m-%dT%H")
+        label = start.date().isoformat() if by_day else start.isoformat(timespec="hours")[:13]
         wall = start.hour * 60 + start.minute if by_day else start.minute
         slot = wall // unit
         if label not in rows:

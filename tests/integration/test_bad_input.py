@@ -306,3 +306,56 @@ def test_catchup_and_rerun_refuse_a_period_that_has_not_begun(once_env: dict[str
     again = run_once("rerun", "--job", "f", "--period", future, "--allow-future", "--",
                      "true", env=once_env)
     assert again.returncode == 0, again.stderr
+
+
+# -- 7. periods before the year 1000 ----------------------------------------------------------
+
+REPORTS = (["status"], ["status", "--json"], ["status", "r", "--timeline"], ["check"],
+           ["check", "--json"], ["metrics"], ["history", "r"], ["history", "r", "--json"])
+
+
+def reports_read(env: dict[str, str]) -> None:
+    """Every report reads the whole ledger: no traceback, a documented status."""
+    for args in REPORTS:
+        result = run_once(*args, env=env)
+        assert "Traceback" not in result.stderr, (args, result.stderr)
+        assert result.returncode in ((0, 1, 2) if args[0] == "check" else (0,)), (
+            args, result.stderr)
+
+
+def test_periods_before_the_year_1000_are_stored_alike_and_read_back(
+        once_env: dict[str, str], ledger_url: str) -> None:
+    assert run_once("run", "--job", "r", *DAY, "--", "true", env=once_env).returncode == 0
+    for key in ("0001-01-01", "0999-12-31", "0100-06-15"):
+        again = run_once("rerun", "--job", "r", "--period", key, "--", "true", env=once_env)
+        assert again.returncode == 0, again.stderr
+    starts = dict(query(ledger_url, "SELECT period, period_start FROM once_runs"))
+    if ledger_url.startswith("sqlite"):  # text: four-digit years, as SQLAlchemy writes them
+        assert starts["0001-01-01"] == "0001-01-01 00:00:00.000000", starts
+        assert starts["0999-12-31"] == "0999-12-31 00:00:00.000000", starts
+    reports_read(once_env)
+    # The latest done period is today's, not the year 999's: nothing to catch up.
+    dry = run_once("catchup", "--job", "r", *DAY, "--dry-run", env=once_env)
+    assert dry.returncode == 0 and dry.stdout == "", (dry.stdout[:200], dry.stderr)
+
+
+def test_a_year_an_earlier_version_wrote_unpadded_is_read_and_repaired(
+        once_env: dict[str, str], ledger_url: str) -> None:
+    if not ledger_url.startswith("sqlite"):
+        pytest.skip("only SQLite stored times as text with strftime's unpadded year")
+    assert run_once("run", "--job", "r", *DAY, "--", "true", env=once_env).returncode == 0
+    assert run_once("rerun", "--job", "r", "--period", "0999-12-31", "--", "true",
+                    env=once_env).returncode == 0
+    for column, value in (("period_start", "999-12-31 00:00:00.000000"),
+                          ("period_end", "1000-01-01 00:00:00.000000")):
+        query(ledger_url, f"UPDATE once_runs SET {column} = ? WHERE period = '0999-12-31'",
+              (value,))
+    query(ledger_url, "UPDATE once_jobs SET first_period_start = '999-12-31 00:00:00.000000'")
+    reports_read(once_env)
+    assert run_once("schema", env=once_env).returncode == 0
+    assert query(ledger_url, "SELECT period_start FROM once_runs WHERE period = "
+                             "'0999-12-31'") == [("0999-12-31 00:00:00.000000",)]
+    assert query(ledger_url, "SELECT first_period_start FROM once_jobs") == [
+        ("0999-12-31 00:00:00.000000",)]
+    dry = run_once("catchup", "--job", "r", *DAY, "--dry-run", env=once_env)
+    assert dry.returncode == 0 and dry.stdout == "", (dry.stdout[:200], dry.stderr)
