@@ -584,9 +584,11 @@ CHILD_ENV = (
 
 CHILD_ENV_INTRO = """\
 `once run`, `once catchup` and `once rerun` run the command directly, without a shell, with
-standard input, output and error passed through and these variables added to its
-environment. A `once` that the command or a hook starts is not changed by any of them: none
-is a variable `once` reads, and an outer run's are replaced or removed, never passed on:
+standard input passed through, standard output and error passed through or relayed unchanged
+(where they are not a terminal; their last `--output-tail` bytes are kept in the ledger) and
+these variables added to its environment. A `once` that the command or a hook starts is not
+changed by any of them: none is a variable `once` reads, and an outer run's are replaced or
+removed, never passed on:
 """
 
 FILES = (

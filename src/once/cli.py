@@ -58,6 +58,28 @@ class DurationOrOff(Duration):
 DURATION_OR_OFF = DurationOrOff()
 
 
+class Size(click.ParamType):  # type: ignore[type-arg]  # generic since click 8.5
+    """16KiB, 10k, 1MiB, 512, 0: bytes, at most 1 MiB (once.limits.size)."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        try:
+            return limits.size("size", value)
+        except InputError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SIZE = Size()
+
+output_tail_option = click.option(
+    "--output-tail", default="16KiB", show_default=True, type=SIZE, metavar="SIZE",
+    help="Keep the last SIZE bytes of the command's stdout and stderr (those that are not a "
+         "terminal) in the ledger, for once logs, history and pings; 0: capture nothing; at "
+         "most 1MiB.")
+
+
 def ledger_options(func: F) -> F:
     """--db, --db-password-file, --tz and --namespace, each also read from the environment."""
     options = [
@@ -189,6 +211,7 @@ def liveness_options(func: F) -> F:
         click.option("--version-tag", metavar="TEXT",
                      help="Counts as part of the command when telling whether hosts run "
                           "different commands under one job."),
+        output_tail_option,
     ]
     for option in reversed(options):
         func = option(func)
@@ -285,8 +308,8 @@ def verbosity_options(func: F) -> F:
 def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
         db_password_file: str | None, namespace: str | None, lag: int, stale_after: float,
         kill_after: float | None, timeout: float | None, max_attempts: int, state: bool,
-        shards: int, version_tag: str | None, max_clock_skew: float, catchup: int,
-        skipped_exit_code: int, all_shards: bool,
+        shards: int, version_tag: str | None, output_tail: int, max_clock_skew: float,
+        catchup: int, skipped_exit_code: int, all_shards: bool,
         require_same_command: bool, ping: str | None, ping_url_file: str | None,
         ping_on_skip: bool, ping_exit_status: bool, on_success: str | None,
         on_failure: str | None, on_skip: str | None, verbose: int, quiet: bool,
@@ -312,7 +335,7 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
                              state=state,
                              command_hash=core.command_hash(command, version_tag),
                              require_same_command=require_same_command,
-                             max_clock_skew=max_clock_skew,
+                             max_clock_skew=max_clock_skew, output_tail=output_tail,
                              notifier=notifier(ping, ping_url_file, ping_on_skip,
                                                ping_exit_status, on_success, on_failure,
                                                on_skip))

@@ -27,6 +27,7 @@ from once.cli import (
     ledger_options,
     liveness_options,
     open_target,
+    output_tail_option,
     schedule_options,
     stored_name,
     verbosity,
@@ -63,8 +64,8 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
             allow_future: bool,
             lag: int, stale_after: float, kill_after: float | None, timeout: float | None,
             max_attempts: int, state: bool, shards: int, version_tag: str | None,
-            max_clock_skew: float, verbose: int, quiet: bool, log_format: str,
-            command: tuple[str, ...]) -> int:
+            output_tail: int, max_clock_skew: float, verbose: int, quiet: bool,
+            log_format: str, command: tuple[str, ...]) -> int:
     """Run COMMAND for every period in [--since, --until] that has no done row, oldest first.
 
     Each period is claimed exactly as once run claims it, so catch-ups on several machines
@@ -98,6 +99,7 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
         settings = core.Settings(kill_after=grace, timeout=timeout,
                                  verbosity=verbosity(verbose, quiet), log_format=log_format,
                                  state=state, max_clock_skew=max_clock_skew,
+                                 output_tail=output_tail,
                                  command_hash=core.command_hash(command, version_tag))
         return core.catch_up(ledger, the_job, todo, command, settings, keep_going,
                              _progress(quiet, log_format))
@@ -143,13 +145,15 @@ EXIT_REFUSED = 69
 @click.option("--timeout", type=DURATION, help="SIGTERM the command when it runs longer.")
 @click.option("--version-tag", metavar="TEXT",
               help="Counts as part of the command's fingerprint (see once run).")
+@output_tail_option
 @clock_option
 @verbosity_options
 @command_argument
 def rerun(job: str, key: str, reason: str | None, allow_future: bool, db: str | None,
           db_password_file: str | None, namespace: str | None, kill_after: float | None,
-          timeout: float | None, version_tag: str | None, max_clock_skew: float,
-          verbose: int, quiet: bool, log_format: str, command: tuple[str, ...]) -> int:
+          timeout: float | None, version_tag: str | None, output_tail: int,
+          max_clock_skew: float, verbose: int, quiet: bool, log_format: str,
+          command: tuple[str, ...]) -> int:
     """Run a done or failed period again, as a new attempt with a new fence.
 
     The job's schedule and zone come from the ledger (as its latest once run left them).
@@ -184,6 +188,7 @@ def rerun(job: str, key: str, reason: str | None, allow_future: bool, db: str | 
         settings = core.Settings(kill_after=kill_after_for(kill_after, the_job.stale_after),
                                  timeout=timeout, verbosity=verbosity(verbose, quiet),
                                  log_format=log_format, max_clock_skew=max_clock_skew,
+                                 output_tail=output_tail,
                                  command_hash=core.command_hash(command, version_tag))
         result = core.run_period(ledger, the_job, period, command, settings,
                                  rerun_reason=reason or "once rerun",

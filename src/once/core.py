@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from once.deadlines import lease_now
 from once.ledger import Claim, CommandDrift, Job, Ledger, LedgerError
+from once.limits import OUTPUT_TAIL
 from once.periods import Period, Schedule, iso
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class Settings:
     require_same_command: bool = False  # refuse (exit 2) when the latest attempt ran another
     max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW  # refuse (exit 75) a host clock this far off
     notifier: Notifier | None = None  # --ping and --on-* hooks
+    output_tail: int = OUTPUT_TAIL  # bytes of the command's output kept in the ledger (0: off)
     log_format: str = "text"  # or "json": one object a line, for log shippers
     context: dict[str, object] = field(default_factory=dict)  # job, period, attempt: for logs
 
@@ -147,6 +149,7 @@ class Result:
 
     outcome: str  # done, failed, timed-out, fenced-out, skipped-*, unreachable
     status: int
+    output: bytes | None = None  # the tail of the command's output (None: not captured)
 
     @property
     def ran(self) -> bool:
@@ -293,14 +296,14 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
             env.update({"ONCE_STATE": claim.state or "", "ONCE_STATE_OUT": state.path})
         on_start = settings.notifier.started if settings.notifier is not None else None
         outcome = runner.run(command, env, lease, settings.kill_after, settings.timeout,
-                             on_start)
+                             on_start, settings.output_tail)
         new_state, state_error = state.read() if outcome.succeeded else (None, "")
     if outcome.kind == "fenced-out":
         why = "another attempt took it over" if lease.lost else (
             f"the ledger stayed unreachable past the deadline ({lease.last_error})")
         say(f"{what}: fenced out: {why}; the command was stopped and nothing was recorded",
             settings, ERROR, "fenced-out")
-        return Result("fenced-out", EXIT_FENCED_OUT)
+        return Result("fenced-out", EXIT_FENCED_OUT, outcome.output)
     if outcome.kind == "exec-failed":
         say(f"cannot run {command[0]!r}: {outcome.message}", settings, ERROR, "exec-failed")
     if outcome.kind == "guard-died":  # the group is dead: the failure may be retried at once
@@ -316,31 +319,32 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
     if state_error:
         result = "bad-state"
     recorded = record_result(ledger, job, key, claim, status, outcome.status, result, lease,
-                             new_state)
+                             new_state, outcome.output)
+    output = outcome.output
     if recorded is None:
         say(f"{what}: the ledger stayed unreachable, the result ({status}) was not recorded "
             f"({lease.last_error}); the period will be retried once its claim goes stale",
             settings, ERROR, "unreachable")
-        return Result("unreachable", EXIT_LEDGER)
+        return Result("unreachable", EXIT_LEDGER, output)
     if not recorded:
         why = "another attempt took it over"
         if new_state is not None and ledger.state(job.name)[1] != claim.state_version:
             why = "the job's watermark moved while the command ran"
         say(f"{what}: fenced out: the final write matched no row ({why}); nothing was "
             f"recorded", settings, ERROR, "fenced-out")
-        return Result("fenced-out", EXIT_FENCED_OUT)
+        return Result("fenced-out", EXIT_FENCED_OUT, output)
     if outcome.kind == "timed-out":
         say(f"{what}: timed out after --timeout {settings.timeout:g}s; recorded failed",
             settings, ERROR, "timed-out")
-        return Result("timed-out", EXIT_TIMEOUT)
+        return Result("timed-out", EXIT_TIMEOUT, output)
     if outcome.interrupted_by is not None:  # a pod's SIGTERM: the log must say why it ended
         say(f"{what}: {_signal_name(outcome.interrupted_by)} received and forwarded to the "
             f"command, which ended with status {outcome.status}; recorded failed", settings,
             ERROR, "interrupted")
     say(f"{what}: {status} (exit {outcome.status})", settings, VERBOSE, status)
     if status == "failed" and outcome.status == 0:
-        return Result("failed", 1)
-    return Result(status, outcome.status)
+        return Result("failed", 1, output)
+    return Result(status, outcome.status, output)
 
 
 def _signal_name(number: int) -> str:
@@ -365,15 +369,18 @@ def finish_grace(stale_after: float) -> float:
 
 def record_result(ledger: Ledger, job: Job, key: str, claim: Claim, status: str,
                   exit_code: int, outcome: str, lease: Lease,
-                  new_state: str | None = None) -> bool | None:
+                  new_state: str | None = None, output: bytes | None = None) -> bool | None:
     """Write the result, retrying on fresh connections until the lease's deadline plus
     finish_grace (a statement that gets no answer is left behind on its connection).
+    output, the tail of the command's output, goes into the same write.
 
     True: recorded (now, or by an earlier try whose answer was lost). False: the row is no
     longer ours. None: the ledger stayed unreachable, or refused the statement.
     """
+    from once.relay import text
     from once.runner import NoAnswer
 
+    stored = text(output) if output is not None else None
     give_up = lease.deadline + finish_grace(job.stale_after)
     while True:
         try:
@@ -381,7 +388,7 @@ def record_result(ledger: Ledger, job: Job, key: str, claim: Claim, status: str,
             return lease.call(lambda: ledger.finish(
                 job.name, key, claim.attempt, "done" if status == "done" else "failed",
                 exit_code, outcome, new_state if status == "done" else None,
-                claim.state_version), until=give_up)
+                claim.state_version, stored), until=give_up)
         except NoAnswer as exc:
             lease.last_error = str(exc)
             ledger.abandon()  # the statement still waits on the connection: never close it

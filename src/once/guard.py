@@ -50,10 +50,15 @@ Watch = tuple[int, float, float]
 
 def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
           ignored: frozenset[int] = frozenset(), watch: Watch | None = None,
-          inherited: tuple[int, ...] = ()) -> tuple[int, int]:
-    """Fork the guard (before any thread starts); return its pid and its report pipe.
+          inherited: tuple[int, ...] = (), stdio: dict[int, int] | None = None
+          ) -> tuple[int, int]:
+    """Fork the guard; return its pid and its report pipe.
 
-    inherited: the wrapper's own descriptors, which the guard closes.
+    The guard has one thread, the forking one. The wrapper's threads that exist at the fork
+    (the relay's, once.relay) wait in poll() and hold no lock the guard could need.
+
+    inherited: the wrapper's own descriptors, which the guard closes. stdio: the command's
+    stdout (1) and stderr (2) where once relays them (once.relay), else they are inherited.
     """
     report_r, report_w = os.pipe()
     wrapper = os.getpid()
@@ -63,7 +68,8 @@ def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
         try:
             for fd in (report_r, *inherited):
                 os.close(fd)
-            code = _guard(command, env, tty, title, wrapper, report_w, ignored, watch)
+            code = _guard(command, env, tty, title, wrapper, report_w, ignored, watch,
+                          stdio or {})
         finally:
             os._exit(code)
     os.close(report_w)
@@ -75,7 +81,7 @@ def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
 
 def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
            wrapper: int, report: int, ignored: frozenset[int],
-           watch: Watch | None) -> int:
+           watch: Watch | None, stdio: dict[int, int]) -> int:
     signal.set_wakeup_fd(-1)  # the wrapper's, inherited across the fork
     os.setpgid(0, 0)
     _retitle(title)
@@ -92,11 +98,14 @@ def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
         # Handlers set above reset to default in the command on exec; nothing is blocked,
         # and only what was ignored when once started stays ignored. The guard has no
         # threads (it is a fork of one), so preexec_fn is safe here.
-        child = subprocess.Popen(command, env=env,
+        child = subprocess.Popen(command, env=env, stdout=stdio.get(1), stderr=stdio.get(2),
                                  preexec_fn=_die_with(os.getpid()) if _PRCTL else None)
     except OSError as exc:
         os.write(report, f"exec {exc.errno or errno.ENOEXEC}\n".encode())
         return 0
+    finally:
+        for fd in set(stdio.values()):  # the command's alone: its end is the relay's EOF
+            os.close(fd)
     os.write(report, b"started\n")
     status, lapsed = _wait(child.pid, watch, report)
     prefix = "lapsed " if lapsed else ""

@@ -378,16 +378,17 @@ class Ledger:
 
     def finish(self, job: str, key: str, attempt: int, status: Status,
                exit_code: int | None, outcome: str, state: str | None = None,
-               state_version: int = 0) -> bool:
+               state_version: int = 0, output: str | None = None) -> bool:
         """Record done or failed for our attempt; False when the row is no longer ours.
 
-        `outcome` (done, failed, timed-out, exec-failed, interrupted) goes to the history only.
+        `outcome` (done, failed, timed-out, exec-failed, interrupted) and `output` (the tail
+        of the command's output) go to the history only.
         With `state` (only for done), the job's watermark is set in the same atomic write,
         and only if it is still at `state_version` (else nothing is written: False).
         """
         params = {"job": job, "period": key, "attempt": attempt, "status": status,
                   "exit_code": exit_code, "outcome": outcome, "state": state,
-                  "state_version": state_version}
+                  "state_version": state_version, "output": output}
         with self._errors("cannot record the result in"):
             self.connect()
             if state is not None and status == "done":
@@ -420,7 +421,8 @@ class Ledger:
         (psycopg 3, sqlite3 or PyMySQL), so that the work and the marker commit together.
         Nothing is committed here; False when the row is no longer ours."""
         params = {"job": job, "period": key, "attempt": attempt, "status": "done",
-                  "exit_code": 0, "outcome": "done", "state": None, "state_version": 0}
+                  "exit_code": 0, "outcome": "done", "state": None, "state_version": 0,
+                  "output": None}
         return self._finish_on(connection, params)
 
     def _finish_on(self, connection: Any, params: dict[str, Any]) -> bool:
@@ -650,11 +652,13 @@ class SqliteLedger(Ledger):
         WHERE job = :job AND command_hash IS NOT NULL
         ORDER BY started_at DESC LIMIT 1"""
 
+    # `output` is named so that a ledger without it (schema 3) is upgraded by the claim,
+    # before its finish would need it.
     LOG_ATTEMPT = """
         INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at, reason,
-                                   command_hash)
+                                   command_hash, output)
         VALUES (:job, :period, :attempt, :fence, :owner, 'running', :started_at, :reason,
-                :command_hash)"""
+                :command_hash, NULL)"""
 
     SET_STATE = f"""
         UPDATE once_jobs SET state = :state, state_version = state_version + 1
@@ -678,6 +682,7 @@ class SqliteLedger(Ledger):
 
     FINISH_ATTEMPT = """
         UPDATE once_attempts SET status = :status, exit_code = :exit_code, outcome = :outcome,
+               output = :output,
                finished_at = (SELECT finished_at FROM once_runs
                               WHERE job = :job AND period = :period)
         WHERE job = :job AND period = :period AND attempt = :attempt"""
@@ -974,9 +979,9 @@ class PostgresLedger(Ledger):
             RETURNING r.attempt, r.fence, r.started_at
         ), logged AS (
             INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at,
-                                       reason, command_hash)
+                                       reason, command_hash, output)
             SELECT %(job)s, %(period)s, attempt, fence, %(owner)s, 'running', started_at,
-                   %(reason)s, %(command_hash)s
+                   %(reason)s, %(command_hash)s, NULL
             FROM won
         ), holder AS (
             SELECT r.attempt, r.fence, r.status, r.owner,
@@ -1012,7 +1017,7 @@ class PostgresLedger(Ledger):
             RETURNING finished_at
         ), logged AS (
             UPDATE once_attempts a SET status = %(status)s, exit_code = %(exit_code)s,
-                   outcome = %(outcome)s,
+                   outcome = %(outcome)s, output = %(output)s,
                    finished_at = fin.finished_at
             FROM fin
             WHERE a.job = %(job)s AND a.period = %(period)s AND a.attempt = %(attempt)s
@@ -1035,7 +1040,7 @@ class PostgresLedger(Ledger):
             RETURNING finished_at
         ), logged AS (
             UPDATE once_attempts a SET status = 'done', exit_code = %(exit_code)s,
-                   outcome = %(outcome)s, finished_at = fin.finished_at
+                   outcome = %(outcome)s, output = %(output)s, finished_at = fin.finished_at
             FROM fin
             WHERE a.job = %(job)s AND a.period = %(period)s AND a.attempt = %(attempt)s
         ), advanced AS (
@@ -1197,9 +1202,9 @@ class MysqlLedger(Ledger):
 
     LOG_ATTEMPT = """
         INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at, reason,
-                                   command_hash)
+                                   command_hash, output)
         SELECT job, period, attempt, fence, owner, 'running', started_at, %(reason)s,
-               %(command_hash)s
+               %(command_hash)s, NULL
         FROM once_runs WHERE job = %(job)s AND period = %(period)s"""
 
     # MySQL 8 reserves LAG (a window function): quote it.
@@ -1237,7 +1242,7 @@ class MysqlLedger(Ledger):
     FINISH_ATTEMPT = """
         UPDATE once_attempts a JOIN once_runs r ON r.job = a.job AND r.period = a.period
         SET a.status = r.status, a.exit_code = r.exit_code, a.finished_at = r.finished_at,
-            a.outcome = %(outcome)s
+            a.outcome = %(outcome)s, a.output = %(output)s
         WHERE a.job = %(job)s AND a.period = %(period)s AND a.attempt = %(attempt)s"""
 
     def _open(self) -> Any:

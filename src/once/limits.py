@@ -23,6 +23,9 @@ LAG_MAX = 100_000  # --lag is counted out period by period: a typo must not spin
 ATTEMPTS_MAX = 2**31 - 1  # once_runs.attempt is a 32-bit integer
 SHARDS_MAX = 1000
 DURATION_MAX = 36500 * 86400  # seconds: the OS's timers overflow past about 292 years
+OUTPUT_TAIL = 16 * 1024  # --output-tail's default: bytes of output kept with an attempt
+OUTPUT_TAIL_MAX = 1024 * 1024  # once_attempts.output holds this (MEDIUMTEXT on MySQL)
+PING_BODY_MAX = 10 * 1024  # --ping-body-tail's default is at most this (healthchecks.io: 100 KB)
 
 
 class InputError(ValueError):
@@ -127,6 +130,30 @@ def job(lag: int, max_attempts: int, stale_after: float, shards: int = 1) -> Non
     count("max_attempts", max_attempts, 1, ATTEMPTS_MAX)
     count("shards", shards, 1, SHARDS_MAX)
     seconds("stale_after", stale_after)
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024 * 1024,
+               "mb": 1024 * 1024, "mib": 1024 * 1024}
+
+
+def size(label: str, value: str | int, limit: int = OUTPUT_TAIL_MAX) -> int:
+    """`16KiB`, `10k`, `1MiB`, `512`, `0`: bytes (K, KB and KiB are all 1024), at most
+    limit."""
+    if isinstance(value, bool):
+        raise InputError(f"bad {label} {value!r}: give a number of bytes")
+    if isinstance(value, int):
+        number = value
+    else:
+        text = str(value).strip()
+        digits = text.rstrip("bBiIkKmM ")
+        unit = text[len(digits):].strip().lower()
+        if not digits.isdigit() or unit not in _SIZE_UNITS:
+            raise InputError(f"bad {label} {value!r}: give a number of bytes, or with K, KiB, "
+                             f"M or MiB (16KiB)")
+        number = int(digits) * _SIZE_UNITS[unit]
+    if not 0 <= number <= limit:
+        raise InputError(f"bad {label} {value!r}: use 0 to {limit // 1024} KiB")
+    return number
 
 
 def read_secret(path: str, label: str) -> str:

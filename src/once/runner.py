@@ -27,11 +27,14 @@ import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from typing import Literal, TypeVar
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from once import guard as _guard
 from once.deadlines import lease_now, max_grace
+
+if TYPE_CHECKING:
+    from once.relay import Relay
 
 FORWARDED = _guard.FORWARDED
 
@@ -46,6 +49,7 @@ class Outcome:
     status: int  # the command's status as a shell reports it (128+N for signal N)
     interrupted_by: int | None = None  # a signal we forwarded to it
     message: str = ""
+    output: bytes | None = None  # the last --output-tail bytes it wrote (None: not captured)
 
     @property
     def succeeded(self) -> bool:
@@ -203,12 +207,14 @@ def run(
     kill_after: float = 10.0,
     timeout: float | None = None,
     on_start: Callable[[], None] | None = None,
+    output_tail: int = 0,
 ) -> Outcome:
     """Run command to its end (or ours) under lease; return how it ended.
 
     kill_after is cut to fit the lease (once.deadlines.max_grace): the command must be dead
     by the lease's deadline. on_start is called once the command is on its way (after the
-    fork: it may start threads).
+    fork: it may start threads). output_tail: keep the last bytes of the command's stdout and
+    stderr where they are not a terminal (once.relay); 0: leave them alone.
     """
     tty = _foreground_tty()
     grace = kill_after if lease is None else min(kill_after, max_grace(lease.stale_after))
@@ -216,19 +222,54 @@ def run(
         lease.step_down_reason()
         return Outcome("fenced-out", 0, message="the command was not started")
     supervisor = _Supervisor(lease, grace, timeout)
+    relay = _relay(output_tail)
     # Handlers go in before the fork: a signal that arrives while the guard starts is
     # forwarded, not lost (nor fatal to a wrapper whose guard would then kill the command).
     with supervisor.signals():
-        guard, report = _guard.spawn(list(command), env, tty, _title(env), supervisor.ignored,
-                                     supervisor.watch(), supervisor.own_fds())
+        try:
+            guard, report = _guard.spawn(
+                list(command), env, tty, _title(env), supervisor.ignored, supervisor.watch(),
+                supervisor.own_fds() + (relay.own_fds() if relay else ()),
+                relay.child_fds() if relay else None)
+        except BaseException:
+            if relay is not None:
+                relay.close_unforked()
+            raise
+        if relay is not None:
+            relay.forked()
+            supervisor.relay = relay
         if on_start is not None:
             on_start()
         try:
-            return supervisor.wait(guard, report)
+            outcome = supervisor.wait(guard, report)
         finally:
             os.close(report)
             if tty is not None:
                 _guard.take_terminal(tty, os.getpgrp())
+            # The command has ended: what its group still writes is relayed for a moment.
+            output = relay.finish(_drain(lease)) if relay is not None else None
+    return replace(outcome, output=output) if output_tail else outcome
+
+
+def _drain(lease: Lease | None) -> float:
+    """How long the relay may go on reading after the command's end: once.relay.DRAIN, and
+    at most half of what is left of the lease, so that the final write still lands before
+    the row could be taken over (no renewal is sent meanwhile)."""
+    from once.relay import DRAIN
+
+    if lease is None:
+        return DRAIN
+    return max(0.0, min(DRAIN, (lease.deadline - lease_now()) / 2))
+
+
+def _relay(output_tail: int) -> Relay | None:
+    """A once.relay.Relay when a stream is to be relayed, else None (imported only then)."""
+    if output_tail <= 0:
+        return None
+    from once.relay import Relay
+
+    relay = Relay(output_tail)
+    return relay if relay.active else None
 
 
 def _fresh(lease: Lease, grace: float) -> bool:
@@ -275,6 +316,7 @@ class _Supervisor:
         # ignored by the command and is not forwarded.
         self.ignored = frozenset(sig for sig in FORWARDED
                                  if signal.getsignal(sig) == signal.SIG_IGN)
+        self.relay: Relay | None = None  # its idle pipes are watched here (once.relay)
         self.stop_heartbeat = threading.Event()
         # Started when the first renewal is due: a command that ends sooner (most of a
         # catch-up's) never needs it, nor the cost of creating it.
@@ -363,7 +405,11 @@ class _Supervisor:
         """Wait for the guard's report while acting on signals, timers and the lease."""
         chunks = b""
         while True:
-            readable, _, _ = select.select([self.report, self.wake_r], [], [], self._next_timer())
+            idle = self.relay.idle() if self.relay is not None else []
+            readable, _, _ = select.select([self.report, self.wake_r, *idle], [], [],
+                                           self._next_timer())
+            for fd in set(readable).intersection(idle):
+                self.relay.stirred(fd)  # type: ignore[union-attr]  # the command spoke
             if self.wake_r in readable:
                 os.read(self.wake_r, 512)
             data = os.read(self.report, 512) if self.report in readable else None

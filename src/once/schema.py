@@ -40,7 +40,9 @@ from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 
 from once.ledger import LedgerError, Target, create_private, describe
 
-SCHEMA_VERSION = 3  # 2: shards, state, state_version, command_hash; 3: once_runs.stale_after
+# 2: shards, state, state_version, command_hash; 3: once_runs.stale_after;
+# 4: once_attempts.output
+SCHEMA_VERSION = 4
 
 # Times are UTC instants: timestamptz on PostgreSQL, DATETIME(6) (UTC by convention, written
 # with UTC_TIMESTAMP(6)) on MySQL/MariaDB, ISO text on SQLite (`0001-01-01 00:00:00.000000`).
@@ -54,6 +56,9 @@ UtcTime = (DateTime(timezone=True)
 Key = String(255).with_variant(
     mysql.VARCHAR(255, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
 )
+
+# Text beyond MySQL's TEXT (64 KiB): MEDIUMTEXT holds 16 MiB.
+LongText = Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
 
 metadata = MetaData()
 
@@ -97,6 +102,10 @@ attempts = Table(
     Column("outcome", String(16), nullable=True),
     Column("reason", Text, nullable=True),
     Column("command_hash", String(64), nullable=True),
+    # The last --output-tail bytes of the attempt's stdout and stderr (UTF-8, replacement
+    # characters for what is not), written with its finish; NULL when not captured. Up to
+    # 1 MiB of bytes, up to three times that in UTF-8: MEDIUMTEXT on MySQL.
+    Column("output", LongText, nullable=True),
     Index("once_attempts_job_started", "job", "started_at"),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",
@@ -119,7 +128,7 @@ jobs = Table(
     Column("shards", Integer, nullable=False, server_default="1"),
     # The watermark of `--state`: advanced only with a done, fenced finish (compare-and-set
     # on state_version), at most 64 KiB of UTF-8 (MEDIUMTEXT: MySQL's TEXT stops short of it).
-    Column("state", Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb"), nullable=True),
+    Column("state", LongText, nullable=True),
     Column("state_version", BigInteger, nullable=False, server_default="0"),
     mysql_engine="InnoDB",
     mysql_charset="utf8mb4",

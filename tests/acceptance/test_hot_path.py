@@ -43,3 +43,5 @@ def test_once_run_imports_nothing_of_the_report_path(once_env: dict[str, str],
                       lag, "--", "true")
     assert "once.core" in loaded  # the probe saw a real run
     assert not [m for m in loaded if m.split(".")[0] in FORBIDDEN or m in FORBIDDEN]
+    # The output relay is imported only by a run that won its claim.
+    assert ("once.relay" in loaded) == (fire == "claimed")

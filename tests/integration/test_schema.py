@@ -41,6 +41,21 @@ def test_an_older_ledger_is_upgraded_in_place(once_env: dict[str, str], ledger_u
     assert len(query(ledger_url, "SELECT * FROM once_runs WHERE status='done'")) == 2
 
 
+def test_a_version_3_ledger_gets_the_output_column(once_env: dict[str, str], ledger_url: str
+                                                   ) -> None:
+    assert run_once("run", "--job", "old", "--every", "day", "--lag", "1", "--", "true",
+                    env=once_env).returncode == 0
+    query(ledger_url, "ALTER TABLE once_attempts DROP COLUMN output")
+    query(ledger_url, "UPDATE once_meta SET value = '3' WHERE name = 'schema_version'")
+    result = run_once("run", "--job", "old", "--every", "day", "--", "echo", "upgraded",
+                      env=once_env)
+    assert result.returncode == 0, result.stderr
+    assert scalar(ledger_url, "SELECT value FROM once_meta WHERE name='schema_version'") == str(
+        SCHEMA_VERSION)
+    assert query(ledger_url, "SELECT output FROM once_attempts ORDER BY started_at") == [
+        (None,), ("upgraded\n",)]
+
+
 def test_a_newer_ledger_is_refused(once_env: dict[str, str], ledger_url: str) -> None:
     assert run_once("schema", env=once_env).returncode == 0
     query(ledger_url, "UPDATE once_meta SET value = '999' WHERE name = 'schema_version'")

@@ -1,0 +1,331 @@
+"""The command's output: relayed to where it was going, its last bytes kept for the ledger.
+
+When --output-tail is not 0 and once's stdout or stderr is not a terminal (cron, systemd,
+Kubernetes, a pipe, a file), the command writes that stream into a pipe of once's own, and a
+thread of the wrapper copies it to the original descriptor as it comes: os.read and os.write
+of whatever the pipe holds (up to CHUNK bytes), no buffering of ours, one thread per stream so
+that each stream keeps its order and a stalled reader of one never holds up the other. When
+stdout and stderr are one file or pipe (`>>log 2>&1`), the command gets one pipe for both, so
+their interleaving is the command's own, as without once. The last `limit` bytes of all of it
+are kept (a deque of the chunks read, trimmed by whole chunks: bounded by limit + CHUNK).
+
+A terminal is left alone: the command keeps it (foreground group, Ctrl-C, reading input) and
+nothing of that stream is captured.
+
+The relay threads never touch the lease: the heartbeat and the deadline live on other threads,
+and os.read/os.write release the GIL. Where it ends:
+
+- the command's end (the guard's report): what is still in the pipes is relayed, and the
+  relay keeps reading until every writer has closed it or DRAIN seconds have passed (a
+  background process of the command that keeps stdout open: once does not wait for it).
+  Then once closes its end: what writes to it later gets EPIPE (SIGPIPE).
+- the reader of once's output goes away (EPIPE, `once run ... | head -1`): once closes the
+  command's pipe too, so that the command sees a broken pipe as it would have without once.
+  Any other write error (a full disk) drops the rest of that stream's output, and the tail
+  is still kept.
+- a reader that stops reading: the relay waits in its write as the command would have, and
+  the command blocks once the pipe is full; once does not wait for it after DRAIN.
+
+Stdlib only: imported by `once run` when it relays.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import stat
+import threading
+import time
+from collections import deque
+
+CHUNK = 64 * 1024  # a pipe's default capacity: one read takes whatever it holds
+DRAIN = 1.0  # seconds the relay goes on reading after the command's end
+
+
+class Tail:
+    """The last `limit` bytes written to it, from any thread."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._lock = threading.Lock()
+        self.truncated = False
+
+    def add(self, data: bytes) -> None:
+        with self._lock:
+            self._chunks.append(data)
+            self._size += len(data)
+            while self._size - len(self._chunks[0]) >= self.limit:
+                self._size -= len(self._chunks.popleft())
+                self.truncated = True
+
+    def value(self) -> bytes:
+        with self._lock:
+            data = b"".join(self._chunks)
+            cut = self.truncated or len(data) > self.limit
+        return lead_trimmed(data[-self.limit:]) if cut else data
+
+
+def lead_trimmed(data: bytes) -> bytes:
+    """data cut at its start, without the continuation bytes of a character cut in two."""
+    start = 0
+    while start < min(3, len(data)) and 0x80 <= data[start] <= 0xBF:
+        start += 1
+    return data[start:]
+
+
+def text(data: bytes) -> str:
+    """The tail as stored: UTF-8 with replacement characters, NUL too (PostgreSQL's text
+    cannot hold it)."""
+    return data.decode("utf-8", "replace").replace("\0", "\ufffd")
+
+
+def _readable(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _relayable(fd: int) -> os.stat_result | None:
+    """fd's status when it is open and not a terminal (then it is relayed)."""
+    try:
+        info = os.fstat(fd)
+    except OSError:  # closed: the command inherits it closed
+        return None
+    if stat.S_ISCHR(info.st_mode) and os.isatty(fd):
+        return None
+    return info
+
+
+class Relay:
+    """The pipes between the command and once's own stdout and stderr, and their threads.
+
+    Made before the guard is forked (child_fds go to the command, own_fds are closed by the
+    guard); forked() after the fork; finish() once the command has ended. A stream gets its
+    thread when its first bytes arrive: until then the wrapper's wait loop watches its pipe
+    (idle(), stirred()), so that a command that says nothing (most of a catch-up's) costs no
+    thread. (A thread started while the guard lives copies, copy-on-write, every page it
+    touches: most of a millisecond.)
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.tail = Tail(limit)
+        self._idle: dict[int, int] = {}  # read end -> destination, until a thread takes it
+        self._child: dict[int, int] = {}  # the command's fd -> write end
+        self._threads: list[threading.Thread] = []
+        self._until: float | None = None
+        self._wake_r, self._wake_w = -1, -1
+        out, err = _relayable(1), _relayable(2)
+        if out is not None and err is not None and (out.st_dev, out.st_ino) == (
+                err.st_dev, err.st_ino):
+            self._pipe((1, 2), 1)  # one file or pipe: one pipe keeps their interleaving
+        else:
+            for fd, info in ((1, out), (2, err)):
+                if info is not None:
+                    self._pipe((fd,), fd)
+        self._reads = tuple(self._idle)
+        if self._idle:
+            self._wake_r, self._wake_w = os.pipe()
+
+    def _pipe(self, fds: tuple[int, ...], destination: int) -> None:
+        read, write = os.pipe()
+        os.set_blocking(read, False)  # our own end: the thread polls it with the wake pipe
+        self._idle[read] = destination
+        for fd in fds:
+            self._child[fd] = write
+
+    @property
+    def active(self) -> bool:
+        return bool(self._reads)
+
+    def child_fds(self) -> dict[int, int]:
+        """The command's stdout/stderr that are relayed: {1: pipe, 2: pipe}."""
+        return dict(self._child)
+
+    def own_fds(self) -> tuple[int, ...]:
+        """What the guard closes: the read ends and the wake pipe."""
+        return tuple(fd for fd in (*self._reads, self._wake_r, self._wake_w) if fd >= 0)
+
+    def forked(self) -> None:
+        """The guard has the write ends: let go of ours, so that the command's end (and its
+        group's) is the pipes' end."""
+        for write in set(self._child.values()):
+            os.close(write)
+        self._child = {}
+
+    def idle(self) -> list[int]:
+        """The pipes no thread reads yet, for the wrapper's wait loop to watch."""
+        return list(self._idle)
+
+    def stirred(self, read: int) -> None:
+        """The wait loop found an idle pipe readable: its first bytes (a thread takes the
+        stream over) or its end (every writer closed it: nothing to relay)."""
+        if _waiting(read) == 0:
+            del self._idle[read]
+            os.close(read)
+        else:
+            self._take(read)
+
+    def _take(self, read: int) -> None:
+        """A thread of its own for the stream from now on."""
+        thread = threading.Thread(target=self._pump, args=(read, self._idle.pop(read)),
+                                  name="once-relay", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def finish(self, drain: float = DRAIN) -> bytes:
+        """The command has ended: relay what is left (up to `drain` seconds), then stop and
+        return the tail. A thread stuck in a write to a reader that stopped reading is left
+        behind (it closes its pipe itself if it ever gets out)."""
+        if not self.active:
+            return b""
+        self._until = time.monotonic() + drain
+        os.write(self._wake_w, b"x")
+        for read in self.idle():
+            if _readable(read):
+                self.stirred(read)  # its last bytes, or its end
+            else:
+                self._take(read)  # a process of the group holds it: wait for it to drain
+        for thread in self._threads:
+            thread.join(max(0.0, self._until - time.monotonic()) + 0.1)
+        if not any(thread.is_alive() for thread in self._threads):
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        return self.tail.value()
+
+    def close_unforked(self) -> None:
+        """The guard could not be forked: close every pipe."""
+        self.forked()
+        for read in self._idle:
+            os.close(read)
+        self._idle = {}
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _pump(self, read: int, destination: int) -> None:
+        poller = select.poll()
+        poller.register(read, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        out = _Destination(destination)
+        waking = True
+        capacity = _pipe_size(read)
+        try:
+            while True:
+                until = self._until
+                timeout = None if until is None else max(0.0, until - time.monotonic()) * 1000
+                events = dict(poller.poll(timeout))
+                if waking and self._wake_r in events:
+                    poller.unregister(self._wake_r)  # the drain's end is set: wait for it
+                    waking = False
+                    continue
+                if read not in events:
+                    if until is not None and time.monotonic() >= until:
+                        return  # drained: a process of the command's group holds the pipe
+                    continue
+                waiting = _waiting(read)
+                if waiting >= capacity > 0:  # a fast writer: a bigger pipe, fewer wake-ups
+                    capacity = _grow(read, capacity)
+                # The bytes before the pipe's last `limit` can never be in the tail: they are
+                # moved without a copy where the kernel can (splice).
+                if waiting > self.tail.limit + SPLICE_MIN and out.moves(read,
+                                                                        waiting - self.tail.limit):
+                    self.tail.truncated = True  # what went before the last `limit` bytes
+                    continue
+                try:
+                    data = os.read(read, CHUNK)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    return  # every writer has closed it
+                out.write(data)
+                self.tail.add(data)
+                if out.gone:
+                    return  # the reader is gone: the command gets EPIPE from now on
+        finally:
+            os.close(read)
+
+
+SPLICE_MIN = 64 * 1024  # what is worth moving without a copy
+BIG_PIPE = 1024 * 1024  # a fast writer's pipe (Linux's default pipe-max-size)
+
+
+def _waiting(fd: int) -> int:
+    """How many bytes the pipe holds (0 if it cannot tell)."""
+    import array
+    import fcntl
+    import termios
+
+    count = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, count, True)
+    except OSError:
+        return 0
+    return count[0]
+
+
+def _pipe_size(fd: int) -> int:
+    import fcntl
+
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    except (OSError, AttributeError):  # not Linux
+        return 0
+
+
+def _grow(fd: int, capacity: int) -> int:
+    """Make the pipe BIG_PIPE bytes, once, if the system lets us (0: do not try again).
+
+    Only a writer that fills the pipe gets one: a big pipe counts against the user's quota
+    of pipe memory (pipe-user-pages-soft) whether it is used or not."""
+    import fcntl
+
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, BIG_PIPE)
+    except (OSError, AttributeError):
+        pass
+    return 0
+
+
+class _Destination:
+    """Where a stream goes: once's own stdout or stderr as it was given."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.ok = True  # False after a write error: the rest is dropped (the tail is kept)
+        self.gone = False  # the reader went away (EPIPE)
+        self.splice = hasattr(os, "splice")  # False once the kernel refused it for fd
+
+    def moves(self, read: int, count: int) -> bool:
+        """Move count bytes from the pipe read to fd without copying them; False when that
+        cannot be done (then they are read and written)."""
+        if not (self.ok and self.splice):
+            return False
+        while count > 0:
+            try:
+                moved = os.splice(read, self.fd, count)
+            except BrokenPipeError:
+                self.ok, self.gone = False, True
+                return False
+            except BlockingIOError:  # a non-blocking descriptor we were given: wait
+                select.select([], [self.fd], [], 1.0)
+                continue
+            except OSError:  # EINVAL: a file opened O_APPEND, a device without splice
+                self.splice = False
+                return False
+            if moved == 0:
+                return True
+            count -= moved
+        return True
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view and self.ok:
+            try:
+                view = view[os.write(self.fd, view):]
+            except BrokenPipeError:
+                self.ok, self.gone = False, True
+            except BlockingIOError:
+                select.select([], [self.fd], [], 1.0)
+            except OSError:
+                self.ok = False

@@ -1,0 +1,202 @@
+"""The command's output (issue 18): relayed unchanged where it is not a terminal, its last
+bytes stored with the attempt's finish, on every backend, by real `once` processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import ONCE
+from ledger_sql import query
+from procs import Terminal
+
+DAY = ["--every", "day"]
+
+# Writes to stdout and stderr in turn: lines, binary data (every byte value, NULs), large
+# blocks (the relay's zero-copy path), and no trailing newline. Deterministic, so that a
+# direct run and a run under once can be compared byte for byte.
+WRITER = r"""
+import os, random, sys
+rng = random.Random(18)
+for i in range(200):
+    fd = 1 + i % 2
+    size = rng.choice([1, 7, 100, 4096, 70000, 300000]) if i % 9 else 2_000_000
+    os.write(fd, b"line %d of fd %d\n" % (i, fd))
+    os.write(fd, bytes(range(256)) * (size // 256 + 1))
+os.write(1, b"the end, no newline")
+os.write(2, b"err end")
+"""
+
+
+def writer(tmp_path: Path) -> list[str]:
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    return [sys.executable, str(script)]
+
+
+def once_run(env: dict[str, str], *args: str, job: str = "out",
+             stderr: int = subprocess.PIPE) -> subprocess.CompletedProcess[bytes]:
+    """`once run --job JOB --every day ARGS`; stderr=subprocess.STDOUT: one pipe for both."""
+    return subprocess.run([ONCE, "run", "--job", job, *DAY, *args], env=env,
+                          stdout=subprocess.PIPE, stderr=stderr, timeout=120)
+
+
+def stored(ledger_url: str, job: str = "out") -> list[tuple[object, ...]]:
+    """(attempt, outcome, exit_code, output) of each attempt of job."""
+    return query(ledger_url, "SELECT attempt, outcome, exit_code, output FROM once_attempts "
+                             f"WHERE job = '{job}' ORDER BY attempt")
+
+
+def decoded(data: bytes) -> str:
+    return data.decode("utf-8", "replace").replace("\0", "\ufffd")
+
+
+def test_each_stream_arrives_unchanged_and_the_tail_is_stored(
+        once_env: dict[str, str], ledger_url: str, tmp_path: Path) -> None:
+    command = writer(tmp_path)
+    direct = subprocess.run(command, capture_output=True, timeout=120)
+    result = once_run(once_env, "--output-tail", "1MiB", "--", *command)
+    assert result.returncode == 0, result.stderr[-500:]
+    assert result.stdout == direct.stdout
+    assert result.stderr == direct.stderr
+    [(attempt, outcome, code, output)] = stored(ledger_url)
+    assert (attempt, outcome, code) == (1, "done", 0)
+    assert isinstance(output, str)
+    # The last MiB of both streams together, in the order once read them, decoded.
+    assert output.endswith(("the end, no newline", "err end"))
+    assert "\0" not in output and "\ufffd" in output
+    assert len(output.encode()) >= 1024 * 1024 - 3  # less a character cut in two
+
+
+def test_one_destination_for_both_keeps_their_interleaving(
+        once_env: dict[str, str], ledger_url: str, tmp_path: Path) -> None:
+    command = writer(tmp_path)
+    direct = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            timeout=120)
+    result = once_run(once_env, "--output-tail", "100", "--", *command,
+                      stderr=subprocess.STDOUT)
+    assert result.returncode == 0
+    assert result.stdout == direct.stdout  # once says nothing on a done run
+    [(_, _, _, output)] = stored(ledger_url)
+    last = direct.stdout[-100:]
+    for _ in range(3):  # a character cut in two at the start is left out
+        last = last[1:] if last[0] & 0xC0 == 0x80 else last
+    assert output == decoded(last)
+    assert output.endswith("the end, no newlineerr end")
+
+
+def test_a_tail_over_the_limit_keeps_the_last_bytes(once_env: dict[str, str],
+                                                    ledger_url: str) -> None:
+    command = ["sh", "-c", 'i=0; while [ $i -lt 5000 ]; do echo "line $i"; i=$((i+1)); done']
+    result = once_run(once_env, "--output-tail", "1KiB", "--", *command)
+    assert result.returncode == 0
+    [(_, _, _, output)] = stored(ledger_url)
+    assert output == result.stdout.decode()[-1024:]
+    assert output.endswith("line 4999\n")
+
+
+def test_output_tail_0_captures_nothing(once_env: dict[str, str], ledger_url: str) -> None:
+    result = once_run(once_env, "--output-tail", "0", "--", "sh", "-c", "echo hi; echo ho >&2")
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"hi\n", b"ho\n")
+    assert stored(ledger_url) == [(1, "done", 0, None)]
+
+
+def test_no_output_is_stored_empty(once_env: dict[str, str], ledger_url: str) -> None:
+    assert once_run(once_env, "--", "true").returncode == 0
+    assert stored(ledger_url) == [(1, "done", 0, "")]
+
+
+def test_failed_and_timed_out_runs_keep_their_tail(once_env: dict[str, str],
+                                                   ledger_url: str) -> None:
+    failed = once_run(once_env, "--", "sh", "-c", "echo working; echo 'disk full' >&2; exit 3",
+                      job="f", stderr=subprocess.STDOUT)
+    assert (failed.returncode, failed.stdout) == (3, b"working\ndisk full\n")
+    assert stored(ledger_url, "f") == [(1, "failed", 3, "working\ndisk full\n")]
+    slow = once_run(once_env, "--timeout", "1", "--kill-after", "1", "--", "sh", "-c",
+                    "echo before; sleep 60", job="t")
+    assert slow.returncode == 124, slow.stderr
+    assert stored(ledger_url, "t") == [(1, "timed-out", 143, "before\n")]
+
+
+def test_a_forwarded_sigterm_keeps_what_the_command_said(once_env: dict[str, str],
+                                                         ledger_url: str) -> None:
+    script = "trap 'echo got TERM; exit 143' TERM; echo ready; while :; do sleep 0.1; done"
+    proc = subprocess.Popen([ONCE, "run", "--job", "s", *DAY, "--", "sh", "-c", script],
+                            env=once_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    # Relayed as it is written, not when the command ends.
+    assert proc.stdout.readline() == b"ready\n"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert out == b"got TERM\n"
+    [(_, outcome, code, output)] = stored(ledger_url, "s")
+    assert (outcome, code) == ("interrupted", 143)
+    assert output.startswith("ready\n") and "got TERM\n" in output  # sh may say more
+
+
+def test_a_command_that_closes_stdout_early(once_env: dict[str, str], ledger_url: str) -> None:
+    script = "echo first; exec 1>&-; sleep 0.5; echo 'still here' >&2"
+    result = once_run(once_env, "--", "sh", "-c", script)
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"first\n",
+                                                                 b"still here\n")
+    [(_, _, _, output)] = stored(ledger_url)
+    assert output == "first\nstill here\n"
+
+
+def test_a_background_child_holding_the_pipe_does_not_hold_once(
+        once_env: dict[str, str], ledger_url: str, tmp_path: Path) -> None:
+    pid_file = tmp_path / "bg.pid"
+    script = f'sleep 60 & echo $! > {pid_file}; echo "left it running"'
+    began = time.monotonic()
+    result = once_run(once_env, "--", "sh", "-c", script)
+    took = time.monotonic() - began
+    try:
+        assert result.returncode == 0
+        assert result.stdout == b"left it running\n"
+        assert took < 30, took  # the relay stops a moment after the command's end
+        assert stored(ledger_url) == [(1, "done", 0, "left it running\n")]
+    finally:
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_on_a_terminal_nothing_is_captured_and_the_command_owns_it(
+        once_env: dict[str, str], ledger_url: str) -> None:
+    script = ('test -t 0 && test -t 1 && test -t 2 && echo "all a terminal"; '
+              'read line; echo "read $line"')
+    term = Terminal([ONCE, "run", "--job", "tty", *DAY, "--", "sh", "-c", script], once_env)
+    term.expect("all a terminal")
+    term.write(b"hello\n")
+    term.expect("read hello")
+    assert term.wait() == 0
+    assert stored(ledger_url, "tty") == [(1, "done", 0, None)]
+
+
+def test_a_reader_that_goes_away_breaks_the_commands_pipe(once_env: dict[str, str],
+                                                          ledger_url: str) -> None:
+    # `once run ... | head -1`: without once, `yes` dies of SIGPIPE; so it must with once.
+    pipeline = f"{ONCE} run --job yes --every day -- yes | head -n 1"
+    result = subprocess.run(["sh", "-c", pipeline], env=once_env, capture_output=True,
+                            timeout=60)
+    assert result.stdout == b"y\n"
+    [(_, outcome, code, output)] = stored(ledger_url, "yes")
+    assert (outcome, code) == ("failed", 128 + signal.SIGPIPE)
+    assert output.startswith("y\n")
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("size", ["2MiB", "-1", "16 parsecs", "1.5k"])
+def test_a_bad_size_is_a_usage_error(once_env: dict[str, str], ledger_url: str,
+                                     tmp_path: Path, size: str) -> None:
+    marker = tmp_path / "ran"
+    result = once_run(once_env, "--output-tail", size, "--", "touch", str(marker))
+    assert result.returncode == 2
+    assert result.stderr.decode().startswith("once: ") and result.stderr.count(b"\n") == 1
+    assert b"--output-tail" in result.stderr and b"size" in result.stderr
+    assert not marker.exists()
