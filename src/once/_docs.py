@@ -650,6 +650,14 @@ once catchup --job invoices --every day --tz Europe/Berlin \\
 """,
     ),
     (
+        "A new sync job that should start from a chosen watermark: seed it before its first "
+        "run (a job that has never run is refused without its schedule, so that a misspelt "
+        "name is not set silently):",
+        """\
+once state sync-orders --set '2026-01-01 00:00:00+00|0' --every 5m
+""",
+    ),
+    (
         "Monitoring from cron: mail when a due period of any job has no done row an hour after "
         "it ended, or a heartbeat has gone stale:",
         """\

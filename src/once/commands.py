@@ -8,6 +8,7 @@ other command is named, listed or documented.
 from __future__ import annotations
 
 import sys
+from datetime import datetime
 from typing import Any
 
 import click
@@ -260,28 +261,66 @@ def schema(db: str | None, db_password_file: str | None, namespace: str | None,
 @ledger_options
 @click.option("--set", "value", metavar="VALUE", envvar="ONCE_STATE_SET",
               help="Set the watermark deliberately (recorded in the history).")
+@schedule_options
 def state(job: str, db: str | None, db_password_file: str | None, namespace: str | None,
-          value: str | None) -> int:
-    """Print the watermark of JOB (what its last successful --state run left), or set it."""
+          value: str | None, every: str | None, cron: str | None, tz: str) -> int:
+    """Print the watermark of JOB (what its last successful --state run left), or set it.
+
+    A job that has never run is refused, so that a misspelt name is not set silently; to seed
+    its watermark before its first run, give --set with the job's schedule (--every or --cron,
+    and --tz), which registers the job until that run records its own."""
     from once import core
+    from once.periods import iso
 
     name = stored_name(job, namespace)
     owner = core.default_owner()
+    seed = None
+    if every or cron:
+        if value is None:
+            raise click.UsageError("--every and --cron go with --set: they seed the watermark "
+                                   "of a job that has never run")
+        seed = seed_job(name, every, cron, tz)
     if value is not None:
         limits.state(value)
     target = open_target(db, db_password_file)
     with ledger_for(target) as ledger:
-        if ledger.job_info(name) is None:
+        known = ledger.job_info(name) is not None
+        if not known and seed is None:
+            hint = (" (give its schedule, --every or --cron, to seed its watermark before its "
+                    "first run)" if value is not None else "")
             raise click.UsageError(f"unknown job {name!r}: it has never run in "
-                                   f"{target.redacted}")
+                                   f"{target.redacted}{hint}")
         if value is None:
             current, _version = ledger.state(name)
             if current is not None:
                 click.echo(current)
             return 0
-        version = ledger.set_state(name, value, owner)
-    core.say(f"{name}: state set (version {version})")
+        if known or seed is None:  # a job that ran keeps the schedule it ran with
+            version = ledger.set_state(name, value, owner)
+            core.say(f"{name}: state set (version {version})")
+            return 0
+        job_row, first = seed
+        version = ledger.set_state(name, value, owner, job_row, first)
+    core.say(f"{name}: state set (version {version}); the job is registered until its first "
+             f"run, expected from {iso(first)}")
     return 0
+
+
+def seed_job(name: str, every: str | None, cron: str | None,
+             tz: str) -> tuple[Any, datetime]:
+    """The job row `once state --set` registers for a job that has never run, and the start
+    of its first expected period: the one after the current, so that no report finds a
+    period missing before the job's first fire could have run it (that fire's claim moves the
+    start back to its own period)."""
+    from once import core
+    from once.ledger import Job
+    from once.periods import schedule as make_schedule
+
+    sched = make_schedule(every, cron, tz)
+    limits.schedule(sched.spec, sched.tz_name)
+    job_row = Job(name, sched.kind, sched.spec, sched.tz_name, 0, 3, 300.0)
+    first = sched.next(core.current_period(sched, 0)).start
+    return job_row, first
 
 
 # -- once prune -----------------------------------------------------------------------------

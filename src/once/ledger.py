@@ -28,13 +28,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from once import limits
 
 Dialect = Literal["sqlite", "postgresql", "mysql"]
 Status = Literal["done", "failed"]
+T = TypeVar("T")
 
 TABLES = ("once_runs", "once_attempts", "once_jobs", "once_meta")
 
@@ -428,13 +429,24 @@ class Ledger:
     def _finish_on(self, connection: Any, params: dict[str, Any]) -> bool:
         raise NotImplementedError
 
-    def set_state(self, job: str, value: str, owner: str) -> int:
+    def set_state(self, job: str, value: str, owner: str, seed: Job | None = None,
+                  first_period_start: datetime | None = None) -> int:
         """Set the watermark deliberately (`once state --set`); return its new version.
 
-        Recorded in the history as a `(state)` row, so that `once history` shows it.
+        Recorded in the history as a `(state)` row, so that `once history` shows it. With
+        `seed`, a job that has never run is registered first, in the same transaction, with
+        that schedule, expected from `first_period_start` on, fence 0 and no fire (its first
+        claim then takes fence 1 and the schedule it runs with); the tables are created if
+        there are none. Without it, a job that has never run is a LedgerError.
         """
-        params = {"job": job, "state": value, "owner": owner,
-                  "reason": f"state set: {value[:200]}"}
+        params: dict[str, Any] = {"job": job, "state": value, "owner": owner,
+                                  "reason": f"state set: {value[:200]}", "seed": seed is not None}
+        if seed is not None:
+            assert first_period_start is not None
+            params.update(kind=seed.kind, schedule=seed.schedule, tz=seed.tz, lag=seed.lag,
+                          max_attempts=seed.max_attempts, stale_after=seed.stale_after,
+                          shards=seed.shards, period_start=self._time(first_period_start))
+            return self._with_schema(lambda: self._set_state(params), "cannot set the state in")
         with self._errors("cannot set the state in"):
             self.connect()
             return self._set_state(params)
@@ -535,8 +547,8 @@ class Ledger:
 
     # plumbing
 
-    def _with_schema(self, action: Callable[[], Claim]) -> Claim:
-        with self._errors("cannot claim in"):
+    def _with_schema(self, action: Callable[[], T], doing: str = "cannot claim in") -> T:
+        with self._errors(doing):
             self.connect(patient=True)
             try:
                 return action()
@@ -551,7 +563,7 @@ class Ledger:
         # as there are processes (MariaDB's default max_connections is 151, PostgreSQL's 100).
         self.close()
         schema.ensure(self.target)
-        with self._errors("cannot claim in"):
+        with self._errors(doing):
             self.reconnect()
             return action()
 
@@ -659,6 +671,15 @@ class SqliteLedger(Ledger):
                                    command_hash, output)
         VALUES (:job, :period, :attempt, :fence, :owner, 'running', :started_at, :reason,
                 :command_hash, NULL)"""
+
+    # A job seeded by `once state --set` before its first run: fence 0, no fire yet.
+    SEED_JOB = f"""
+        INSERT INTO once_jobs (job, fence, fires, kind, schedule, tz, lag, max_attempts,
+                               stale_after, shards, first_period_start, created_at,
+                               last_fire_at)
+        VALUES (:job, 0, 0, :kind, :schedule, :tz, :lag, :max_attempts, :stale_after, :shards,
+                :period_start, {_SQLITE_NOW}, {_SQLITE_NOW})
+        ON CONFLICT (job) DO NOTHING"""
 
     SET_STATE = f"""
         UPDATE once_jobs SET state = :state, state_version = state_version + 1
@@ -800,6 +821,8 @@ class SqliteLedger(Ledger):
 
     def _set_state(self, params: dict[str, Any]) -> int:
         with self._transaction() as cur:
+            if params["seed"]:
+                cur.execute(self.SEED_JOB, params)
             row = cur.execute(self.SET_STATE, params).fetchone()
             if row is None:
                 raise LedgerError(f"unknown job {params['job']!r}: it has never run")
@@ -1049,6 +1072,15 @@ class PostgresLedger(Ledger):
         )
         SELECT count(*) FROM fin"""
 
+    SEED_JOB = """
+        INSERT INTO once_jobs (job, fence, fires, kind, schedule, tz, lag, max_attempts,
+                               stale_after, shards, first_period_start, created_at,
+                               last_fire_at)
+        VALUES (%(job)s, 0, 0, %(kind)s, %(schedule)s, %(tz)s, %(lag)s, %(max_attempts)s,
+                %(stale_after)s, %(shards)s, %(period_start)s, clock_timestamp(),
+                clock_timestamp())
+        ON CONFLICT (job) DO NOTHING"""
+
     SET_STATE = """
         WITH changed AS (
             UPDATE once_jobs SET state = %(state)s, state_version = state_version + 1
@@ -1115,7 +1147,13 @@ class PostgresLedger(Ledger):
         return bool(count == 1)
 
     def _set_state(self, params: dict[str, Any]) -> int:
-        row = self._execute(self.SET_STATE, params).fetchone()
+        if not params["seed"]:
+            row = self._execute(self.SET_STATE, params).fetchone()
+        else:
+            # Two statements, one transaction: a CTE's update cannot see its sibling's insert.
+            with self._conn.transaction():
+                self._execute(self.SEED_JOB, params)
+                row = self._execute(self.SET_STATE, params).fetchone()
         if row is None:
             raise LedgerError(f"unknown job {params['job']!r}: it has never run")
         return int(row[0])
@@ -1215,6 +1253,15 @@ class MysqlLedger(Ledger):
     ADVANCE_STATE = """
         UPDATE once_jobs SET state = %(state)s, state_version = state_version + 1
         WHERE job = %(job)s"""
+
+    # Not INSERT IGNORE: that would also turn a value the column cannot hold into a warning.
+    SEED_JOB = f"""
+        INSERT INTO once_jobs (job, fence, fires, kind, schedule, tz, `lag`, max_attempts,
+                               stale_after, shards, first_period_start, created_at,
+                               last_fire_at)
+        VALUES (%(job)s, 0, 0, %(kind)s, %(schedule)s, %(tz)s, %(lag)s, %(max_attempts)s,
+                %(stale_after)s, %(shards)s, %(period_start)s, {_MY_NOW}, {_MY_NOW})
+        ON DUPLICATE KEY UPDATE job = job"""
 
     SET_STATE = """
         UPDATE once_jobs SET state = %(state)s,
@@ -1358,6 +1405,8 @@ class MysqlLedger(Ledger):
     def _set_state(self, params: dict[str, Any]) -> int:
         try:
             cur = self._conn.cursor()
+            if params["seed"]:
+                cur.execute(self.SEED_JOB, params)
             if cur.execute(self.SET_STATE, params) != 1:
                 self._conn.rollback()
                 raise LedgerError(f"unknown job {params['job']!r}: it has never run")

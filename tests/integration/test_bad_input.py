@@ -310,13 +310,14 @@ def test_catchup_and_rerun_refuse_a_period_that_has_not_begun(once_env: dict[str
 
 # -- 7. periods before the year 1000 ----------------------------------------------------------
 
-REPORTS = (["status"], ["status", "--json"], ["status", "r", "--timeline"], ["check"],
-           ["check", "--json"], ["metrics"], ["history", "r"], ["history", "r", "--json"])
+def reports(job: str) -> list[list[str]]:
+    return [["status"], ["status", "--json"], ["status", job, "--timeline"], ["check"],
+            ["check", "--json"], ["metrics"], ["history", job], ["history", job, "--json"]]
 
 
-def reports_read(env: dict[str, str]) -> None:
+def reports_read(env: dict[str, str], job: str = "r") -> None:
     """Every report reads the whole ledger: no traceback, a documented status."""
-    for args in REPORTS:
+    for args in reports(job):
         result = run_once(*args, env=env)
         assert "Traceback" not in result.stderr, (args, result.stderr)
         assert result.returncode in ((0, 1, 2) if args[0] == "check" else (0,)), (
@@ -359,3 +360,46 @@ def test_a_year_an_earlier_version_wrote_unpadded_is_read_and_repaired(
         ("0999-12-31 00:00:00.000000",)]
     dry = run_once("catchup", "--job", "r", *DAY, "--dry-run", env=once_env)
     assert dry.returncode == 0 and dry.stdout == "", (dry.stdout[:200], dry.stderr)
+
+
+# -- 9. seeding a watermark before the first run ---------------------------------------------
+
+
+def test_a_watermark_can_be_seeded_before_the_job_first_runs(once_env: dict[str, str],
+                                                             ledger_url: str,
+                                                             tmp_path: Path) -> None:
+    # Typo protection: a job that has never run needs its schedule to be set.
+    refused = run_once("state", "seeded", "--set", "2026-01-01", env=once_env)
+    assert "--every or --cron" in one_line(refused, 2)
+    assert "--set" in one_line(run_once("state", "seeded", *DAY, env=once_env), 2)
+    assert "unknown job" in one_line(run_once("state", "seeded", env=once_env), 2)
+    # Seeded on a ledger without tables: they are created, the job registered, no fire.
+    seeded = run_once("state", "seeded", "--set", "2026-01-01", *DAY, "--tz",
+                      "Europe/Berlin", env=once_env)
+    assert "registered until its first run" in one_line(seeded, 0)
+    assert run_once("state", "seeded", env=once_env).stdout == "2026-01-01\n"
+    assert query(ledger_url, "SELECT fence, fires, schedule, tz FROM once_jobs") == [
+        (0, 0, "day", "Europe/Berlin")]
+    reports_read(once_env, "seeded")
+    check = run_once("check", "seeded", env=once_env)  # not due before its first fire
+    assert check.returncode == 0 and check.stdout.startswith("OK 1 job"), check.stdout
+    # The first run starts from the seed, takes fence 1 and its own schedule.
+    got = tmp_path / "got"
+    first = run_once("run", "--job", "seeded", "--every", "hour", "--state", "--", "sh", "-c",
+                     f'printf %s "$ONCE_STATE" > {got}; echo 2026-02-01 > "$ONCE_STATE_OUT"',
+                     env=once_env)
+    assert first.returncode == 0, first.stderr
+    assert got.read_text() == "2026-01-01"
+    assert query(ledger_url, "SELECT fence, fires, schedule, tz FROM once_jobs") == [
+        (1, 1, "hour", "UTC")]
+    # A job that has run keeps its schedule: a seed's options then change nothing but the value.
+    again = run_once("state", "seeded", "--set", "x", "--cron", "0 3 * * *", env=once_env)
+    assert "registered" not in one_line(again, 0)
+    assert query(ledger_url, "SELECT schedule, state FROM once_jobs") == [("hour", "x")]
+    reports_read(once_env, "seeded")
+    # A cron schedule and a namespace seed alike.
+    cron = run_once("state", "c", "--namespace", "ns", "--set", "7", "--cron", "0 3 * * *",
+                    env=once_env)
+    assert cron.returncode == 0, cron.stderr
+    assert run_once("state", "ns:c", env=once_env).stdout == "7\n"
+    reports_read(once_env, "ns:c")
