@@ -297,6 +297,8 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
         on_start = settings.notifier.started if settings.notifier is not None else None
         outcome = runner.run(command, env, lease, settings.kill_after, settings.timeout,
                              on_start, settings.output_tail)
+        if lease.stranded:  # closing or reusing that connection can crash (SQLite: SIGSEGV)
+            ledger.abandon()
         new_state, state_error = state.read() if outcome.succeeded else (None, "")
     if outcome.kind == "fenced-out":
         why = "another attempt took it over" if lease.lost else (

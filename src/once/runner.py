@@ -76,6 +76,9 @@ class Lease:
         self.last_sent = sent_at
         self.lost = False
         self.last_error: str = ""
+        # The heartbeat thread was left behind in a statement (or on its way to one): its
+        # connection is its own from then on (never closed under it, never shared).
+        self.stranded = False
         # Held while a statement is in the ledger: the heartbeat thread and the final write
         # share one connection, and a renewal stuck in a hung server must not be joined by
         # another statement on it.
@@ -371,6 +374,7 @@ class _Supervisor:
             # left behind (the final write waits for the lease's lock, up to the deadline).
             assert self.lease is not None
             beat.join(max(1.0, self.lease.deadline - lease_now()))
+            self.lease.stranded = beat.is_alive()
         return self._outcome(text)
 
     def _on_signal(self, signum: int, _frame: object) -> None:

@@ -247,3 +247,39 @@ def test_a_first_use_waits_for_the_schema_on_one_connection(
     assert seen == 1, f"the first use held {seen} connections while it waited"
     assert proc.returncode == 0, err
     assert marker.exists()
+
+
+def test_a_renewal_stuck_past_the_deadline_keeps_its_connection(
+        once_env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
+    # torture, mixed fleet on SQLite: an outsider held the write lock while a `once rerun`'s
+    # command ran; its renewal waited on the lock (the busy timeout) past the lease's
+    # deadline, the command was stopped and once exited 70, closing the connection on the
+    # way out while the renewal still waited on it on the heartbeat thread: SIGSEGV
+    # (status -11). A renewal left waiting now keeps its connection until the process ends.
+    env = {**once_env, "DIR": str(tmp_path)}
+    day = ["--every", "day"]
+    assert run_once("run", "--job", "stuck", *day, "--stale-after", "3s", "--", "true",
+                    env=env).returncode == 0
+    (key,) = query(ledger_url, "SELECT period FROM once_runs")[0]
+    # The rerun's lease is the job's --stale-after (3s), its statement timeout 10s: the
+    # renewal waiting on the lock outlives the deadline by seconds.
+    proc = subprocess.Popen([ONCE, "rerun", "--job", "stuck", "--period", key, "--", "sh",
+                             "-c", 'touch "$DIR/started"; sleep 60'], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (tmp_path / "started").exists(), what="the command")
+    lock = _RowLock(ledger_url)
+    released = False
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if "fenced out" in line and not released:
+                lock.release()  # the waiting renewal gets its answer as once exits
+                released = True
+        proc.wait(30)
+    finally:
+        if not released:
+            lock.release()
+    assert proc.returncode == 70, (proc.returncode, lines)
+    assert "Fatal Python error" not in "".join(lines)
