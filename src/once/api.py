@@ -92,11 +92,18 @@ def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: st
 
     Raises ValueError (once.limits.InputError, once.periods.SpecError) for what `once run`
     refuses with exit 2: a bad job name or namespace, schedule or zone, stale_after <= 0,
-    lag, max_attempts or max_clock_skew out of range, a bad ONCE_OWNER, an unusable db URL.
+    lag, max_attempts or max_clock_skew out of range, a bad ONCE_OWNER, an unusable db URL;
+    also a parameter of the wrong type, and a `now` whose period lies outside the years 1 to
+    9999.
     """
     # The command line's limits, raised as InputError (a ValueError), SpecError for the
     # schedule, before anything is sent.
     name = limits.stored_name(job, namespace)
+    for label, value in (("every", every), ("cron", cron), ("db", db)):
+        limits.text(label, value, optional=True)
+    limits.text("tz", tz)
+    if now is not None and not isinstance(now, datetime):
+        raise limits.InputError(f"bad now {now!r}: give an aware datetime")
     sched = schedule(every, cron, tz)
     limits.schedule(sched.spec, sched.tz_name)
     limits.job(lag, max_attempts, stale_after)
@@ -104,7 +111,11 @@ def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: st
     owner = core.default_owner()
     the_job = Job(name, sched.kind, sched.spec, sched.tz_name, lag, max_attempts,
                   float(stale_after))
-    period = core.current_period(sched, lag, now or datetime.now(UTC))
+    try:
+        period = core.current_period(sched, lag, now or datetime.now(UTC))
+    except OverflowError as exc:  # `once` says it with exit 2
+        raise limits.InputError(f"out of range: {exc} (periods exist from year 1 to "
+                                f"9999)") from None
     ledger = open_ledger(parse_url(db or default_url()),
                          timeout=core.statement_timeout(stale_after))
     claimer = os.getpid()

@@ -44,6 +44,13 @@ def utf8(label: str, value: str) -> str:
     return value
 
 
+def text(label: str, value: object, optional: bool = False) -> None:
+    """A parameter the Python API takes as text: a str (None too, when optional), so that
+    a number passed by mistake is an InputError, never a TypeError from deep inside."""
+    if not (isinstance(value, str) or (optional and value is None)):
+        raise InputError(f"bad {label} {value!r}: give a string")
+
+
 def name(label: str, value: str) -> str:
     """A job name or a namespace: 1 to NAME_MAX printable characters without whitespace."""
     if (not isinstance(value, str) or not value or len(value) > NAME_MAX

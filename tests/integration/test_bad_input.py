@@ -144,11 +144,16 @@ def test_namespace_and_job_fit_the_key_column_or_are_refused(once_env: dict[str,
     ("ok", {"stale_after": 0}), ("ok", {"stale_after": -5}), ("ok", {"stale_after": 1e12}),
     ("ok", {"lag": -1}), ("ok", {"max_attempts": 0}), ("ok", {"max_clock_skew": -1}),
     ("ok", {"cron": ",".join(str(m % 60) for m in range(120)) + " * * * *", "every": None}),
+    # What only Python can pass: the wrong type, a period past the year 9999.
+    (5, {}), ("ok", {"tz": 5}), ("ok", {"every": 5}), ("ok", {"db": 5}),
+    ("ok", {"now": "2026-01-01"}), ("ok", {"stale_after": "5m"}), ("ok", {"lag": True}),
+    ("ok", {"now": datetime(9999, 12, 31, 23, tzinfo=UTC)}),
+    ("ok", {"every": "minute", "lag": 1000, "now": datetime(1, 1, 1, tzinfo=UTC)}),
 ], ids=repr)
 def test_the_python_api_refuses_what_the_cli_refuses(ledger_url: str, job: str,
                                                      kwargs: dict[str, Any]) -> None:
     args: dict[str, Any] = {"every": "day", "db": ledger_url, **kwargs}
-    with pytest.raises(ValueError), once.claim(job, **args):
+    with pytest.raises(ValueError), once.claim(job, **args):  # InputError or SpecError
         raise AssertionError("the block ran")
     assert not tables(ledger_url)
 
