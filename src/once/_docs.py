@@ -38,6 +38,7 @@ COMMAND_ORDER = (
     "rerun",
     "status",
     "history",
+    "logs",
     "check",
     "periods",
     "metrics",
@@ -401,7 +402,8 @@ fires every few minutes retries failures and costs one short transaction once th
 done. `once catchup` and `once run --catchup` make up periods nobody ran, oldest first, each
 claimed exactly as `once run` claims it; `once rerun` runs a done or failed period again.
 `once status`, `once history`, `once check`, `once metrics` and `once serve` (a read-only
-dashboard, `/metrics` for Prometheus and `/healthz`) make absence loud.
+dashboard, `/metrics` for Prometheus and `/healthz`) make absence loud; `once logs` prints
+what an attempt said, the tail of its output kept in the ledger.
 
 The table `once_runs` is public, for monitoring to read: `job` and `period` (the primary key),
 `status` (`running`, `done` or `failed`), `attempt` (from 1), `fence`, `owner` (host name and

@@ -404,11 +404,32 @@ def status(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
 def history(job: str, db: str | None, db_password_file: str | None, namespace: str | None,
             limit: int, key: str | None, as_json: bool) -> int:
     """Show every attempt of JOB, newest first: period, attempt, fence, owner, times, outcome,
-    exit status and rerun reason."""
+    exit status, rerun reason and, for a failed attempt, the last line of its output."""
     from once import report
 
     return report.history(open_target(db, db_password_file), stored_name(job, namespace),
                           limit, as_json, period=key)
+
+
+@cli.command()
+@click.argument("job", metavar="JOB", shell_complete=job_names)
+@ledger_options
+@click.option("--period", "key", metavar="KEY",
+              help="The latest attempt at this period [default: the job's latest attempt].")
+@click.option("--attempt", type=click.IntRange(min=1), metavar="N",
+              help="Attempt N (of --period, else of the latest attempt's period).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object: the attempt as "
+              "once history --json shows it, with its output.")
+def logs(job: str, db: str | None, db_password_file: str | None, namespace: str | None,
+         key: str | None, attempt: int | None, as_json: bool) -> int:
+    """Print what an attempt of JOB said: the last --output-tail bytes of its stdout and
+    stderr, as stored in the ledger when it finished, after a one-line header (period,
+    attempt, outcome, exit status, owner, when). Control characters but line breaks and
+    tabs are shown escaped (\\u001b)."""
+    from once import logs as show
+
+    return show.logs(open_target(db, db_password_file), stored_name(job, namespace), key,
+                     attempt, as_json)
 
 
 @cli.command()

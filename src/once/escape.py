@@ -34,3 +34,12 @@ def shown_word(text: str) -> str:
     """shown(text), spaces escaped too (\\u0020): a field of a line that scripts split on
     spaces (`once check`'s job and period) stays one field whatever the ledger holds."""
     return shown(text).replace(" ", "\\u0020")
+
+
+def shown_lines(text: str) -> str:
+    """shown() for many lines of output (`once logs`): line breaks and tabs stay, every other
+    control character (a carriage return, ESC, a bidi override) is escaped, so the output
+    can neither redraw the terminal nor overwrite the line before it. A CRLF is a line
+    break."""
+    return "\n".join("\t".join(shown(part) for part in line.removesuffix("\r").split("\t"))
+                     for line in text.split("\n"))

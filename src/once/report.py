@@ -295,6 +295,8 @@ class JobState:
     no_row_listed: list[Unit] = field(default_factory=list)  # the first LIST_LIMIT + 1
     no_row_last: Unit | None = None
     no_row_at_least: bool = False  # no_row is a lower bound (a cron job's huge gap)
+    # The last line of output of the failed rows listed (by period; None: nothing stored).
+    failure_lines: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def schedule_text(self) -> str:
@@ -325,6 +327,20 @@ class JobState:
 
     def failed_out(self, row: RunRow) -> bool:
         return row.status == "failed" and row.attempt >= self.max_attempts
+
+    @property
+    def listed_failures(self) -> list[RunRow]:
+        """The failed rows a report lists: the first LIST_LIMIT and the latest failure."""
+        failed = self.failed
+        listed = failed[:LIST_LIMIT]
+        latest = self.last_failure
+        return [*listed, latest] if latest is not None and latest not in listed else listed
+
+    @property
+    def last_failure(self) -> RunRow | None:
+        """The failed row that finished last."""
+        return max(self.failed, key=lambda r: (r.finished_at or _NEVER, r.period_start),
+                   default=None)
 
     @property
     def stale_due(self) -> list[RunRow]:
@@ -369,6 +385,7 @@ def survey(conn: Connection, target: Target, job_rows: Sequence[Any], now: datet
     _count_done(conn, target, ready)
     _read_open_rows(conn, ready)
     _read_last_done(conn, ready)
+    _read_failure_lines(conn, ready)
     for state in ready:
         _locate_missing(conn, target, state)
     return states
@@ -452,6 +469,46 @@ def _read_last_done(conn: Connection, states: list[JobState]) -> None:
                  .where(jobs.c.job.in_(chunk)))
         for row in conn.execute(query):
             by_name[row.job].last_done = RunRow.of(row)
+
+
+def _read_failure_lines(conn: Connection, states: list[JobState]) -> None:
+    """The last line of output of each failed row listed: the end of its attempt's stored
+    output (primary-key lookups, only where a job has failed rows)."""
+    wanted = [(s, r) for s in states for r in s.listed_failures]
+    by_key = {(s.name, r.period, r.attempt): s for s, r in wanted}
+    for chunk in _chunks(list(by_key), 100):
+        match = or_(*(and_(attempts.c.job == job, attempts.c.period == period,
+                           attempts.c.attempt == attempt) for job, period, attempt in chunk))
+        query = select(attempts.c.job, attempts.c.period, attempts.c.attempt,
+                       _output_end(conn).label("output_end")).where(match)
+        for row in conn.execute(query):
+            state = by_key[(row.job, row.period, row.attempt)]
+            state.failure_lines[row.period] = last_line(row.output_end)
+
+
+# How much of the end of a stored output the reports read to find its last line.
+LAST_LINE_SCAN = 2000
+
+
+def _output_end(conn: Connection) -> Any:
+    """SQL for the last LAST_LINE_SCAN characters of once_attempts.output (up to 1 MiB: the
+    reports never fetch it whole)."""
+    if conn.dialect.name == "sqlite":
+        return func.substr(attempts.c.output, -LAST_LINE_SCAN)
+    return func.right(attempts.c.output, LAST_LINE_SCAN)
+
+
+def last_line(output: str | None) -> str | None:
+    """The last line the command wrote that says something: after the last newline (or
+    carriage return: a progress bar's last state), trailing blank lines skipped; None when
+    there is none."""
+    if not output:
+        return None
+    for line in reversed(output.split("\n")):
+        text = line.rstrip("\r").rsplit("\r", 1)[-1].strip()
+        if text:
+            return text
+    return None
 
 
 def _locate_missing(conn: Connection, target: Target, s: JobState) -> None:
@@ -760,9 +817,14 @@ def status_object(s: JobState) -> dict[str, Any]:
         "failed_periods": [
             {"period": r.period, "attempt": r.attempt, "exit_code": r.exit_code,
              "finished_at": at(r.finished_at), "attempts_left": max(0, s.max_attempts - r.attempt),
-             "due": s.due(r)}
+             "due": s.due(r), "last_line": s.failure_lines.get(r.period)}
             for r in s.failed[:LIST_LIMIT]
         ],
+        "last_failure": (
+            {"period": failure.period, "attempt": failure.attempt,
+             "exit_code": failure.exit_code, "finished_at": at(failure.finished_at),
+             "last_line": s.failure_lines.get(failure.period)}
+            if (failure := s.last_failure) is not None else None),
         "missing": s.missing,
         "missing_at_least": s.no_row_at_least,
         "missing_periods": s.missing_keys(),
@@ -936,7 +998,7 @@ def attempt_entries(conn: Connection, target: Target, stored_job: str, limit: in
     if not job_rows:
         return None
     job = job_rows[0]
-    query = select(attempts).where(attempts.c.job == stored_job)
+    query = select(*attempt_columns(conn)).where(attempts.c.job == stored_job)
     if period is not None:
         query = query.where(attempts.c.period == period)
     query = query.order_by(attempts.c.started_at.desc(), attempts.c.attempt.desc())
@@ -947,6 +1009,12 @@ def attempt_entries(conn: Connection, target: Target, stored_job: str, limit: in
     except SpecError:
         tz = UTC
     return job.tz, [_attempt_entry(r, holders.get(r.period), now, tz) for r in rows]
+
+
+def attempt_columns(conn: Connection) -> list[Any]:
+    """once_attempts' columns as the history reads them: of the output, only its end."""
+    return [*(c for c in attempts.c if c.name != "output"),
+            _output_end(conn).label("output_end")]
 
 
 def _zone(name: str) -> Any:
@@ -989,6 +1057,8 @@ def _attempt_entry(row: Any, holder: RunRow | None, now: datetime,
         "duration_s": _round((finished - started).total_seconds()) if finished else None,
         "exit_code": row.exit_code,
         "reason": row.reason,
+        # What a failed attempt said last (from the end of its stored output).
+        "last_line": last_line(row.output_end) if row.status == "failed" else None,
     }
 
 
@@ -1217,7 +1287,8 @@ def _render_status(states: Sequence[JobState], now: datetime, target: Target) ->
 
 
 HISTORY_HEADERS = ["PERIOD", "ATTEMPT", "FENCE", "OWNER", "STARTED", "FINISHED", "TOOK",
-                   "STATUS", "EXIT", "REASON"]
+                   "STATUS", "EXIT", "REASON", "LAST LINE"]
+PLAIN_LAST_LINE = 200  # characters of LAST LINE when not on a terminal (there: its width)
 
 
 def _render_history(job: str, tz: str, entries: list[dict[str, Any]]) -> None:
@@ -1233,13 +1304,19 @@ def _render_history(job: str, tz: str, entries: list[dict[str, Any]]) -> None:
              (_took(e["duration_s"]), ""), (_status_word(e), style.get(
                  e["status"] if e["outcome"] in _PLAIN_OUTCOMES else e["outcome"], "")),
              ("-" if e["exit_code"] is None else str(e["exit_code"]), ""),
-             (e["reason"] or "", "")] for e in entries]
+             (e["reason"] or "", ""), (e["last_line"] or "", "")] for e in entries]
     headers = [*HISTORY_HEADERS]
     headers[4] = f"STARTED ({tz})"
     if _tty():
-        render_rich(headers, rows, title=job)
+        render_rich(headers, rows, title=job, cut=len(headers) - 1)
     else:
+        for row in rows:
+            row[-1] = (_cut(row[-1][0], PLAIN_LAST_LINE), "")
         _print(plain_table(headers, rows))
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 # Outcomes that say no more than the status itself (older ledgers stored `exited`).
@@ -1263,21 +1340,32 @@ def plain_table(headers: Sequence[str], rows: Sequence[Sequence[Cell]]) -> str:
 
 
 def render_rich(headers: Sequence[str], rows: Sequence[Sequence[Cell]], title: str = "",
-                caption: str = "") -> None:
+                caption: str = "", cut: int | None = None) -> None:
+    """A table for the terminal; the column numbered `cut` is one line each, cut short
+    (…) to what the terminal's width leaves it, where the others fold."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
+    console = Console(highlight=False)
+    cells = [[shown(text) for text, _ in row] for row in rows]
     # Text objects, never strings: rich would read a job named `x[/]y` or `[link=…]` as markup.
     table = Table(box=box.SIMPLE_HEAD, title=Text(shown(title)) if title else None,
                   caption=Text(shown(caption)) if caption else None,
                   header_style="bold", title_justify="left", caption_justify="left")
-    for header in headers:
-        table.add_column(Text(header), overflow="fold")
-    for row in rows:
-        table.add_row(*[Text(shown(text), style=style) for text, style in row])
-    Console(highlight=False).print(table)
+    for number, header in enumerate(headers):
+        if number == cut:
+            others = sum(max([len(header_), *(len(row[i]) for row in cells)]) + 3
+                         for i, header_ in enumerate(headers) if i != cut)
+            table.add_column(Text(header), overflow="ellipsis", no_wrap=True,
+                             max_width=max(len(header), console.width - others - 4))
+        else:
+            table.add_column(Text(header), overflow="fold")
+    for row, texts in zip(rows, cells, strict=True):
+        table.add_row(*[Text(text, style=style)
+                        for text, (_, style) in zip(texts, row, strict=True)])
+    console.print(table)
 
 
 # -- timelines -------------------------------------------------------------------------------

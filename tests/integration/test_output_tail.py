@@ -3,6 +3,7 @@ bytes stored with the attempt's finish, on every backend, by real `once` process
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ONCE
+from helpers import ONCE, run_once
 from ledger_sql import query
 from procs import Terminal
 
@@ -200,3 +201,92 @@ def test_a_bad_size_is_a_usage_error(once_env: dict[str, str], ledger_url: str,
     assert result.stderr.decode().startswith("once: ") and result.stderr.count(b"\n") == 1
     assert b"--output-tail" in result.stderr and b"size" in result.stderr
     assert not marker.exists()
+# -- once logs, history, status --------------------------------------------------------------
+
+
+def test_once_logs_on_another_host_prints_the_latest_attempt(once_env: dict[str, str],
+                                                             ledger_url: str) -> None:
+    first = once_run({**once_env, "ONCE_OWNER": "host-a"}, "--", "sh", "-c",
+                     "echo 'first try'; echo 'disk full' >&2; exit 3", job="nightly",
+                     stderr=subprocess.STDOUT)
+    assert first.returncode == 3
+    second = once_run({**once_env, "ONCE_OWNER": "host-b"}, "--", "echo", "second try",
+                      job="nightly")
+    assert second.returncode == 0
+    period = query(ledger_url, "SELECT period FROM once_runs")[0][0]
+    elsewhere = {**once_env, "ONCE_OWNER": "host-c"}  # another host reading the ledger
+    latest = run_once("logs", "nightly", env=elsewhere)
+    assert latest.returncode == 0, latest.stderr
+    head, *body = latest.stdout.splitlines()
+    assert head.startswith(f"==> nightly {period} attempt 2: done (exit 0), owner host-b, "
+                           f"finished ") and head.endswith(" <==")
+    assert body == ["second try"]
+    earlier = run_once("logs", "nightly", "--attempt", "1", env=elsewhere)
+    assert earlier.stdout.splitlines()[0].startswith(
+        f"==> nightly {period} attempt 1: failed (exit 3), owner host-a, finished ")
+    assert earlier.stdout.splitlines()[1:] == ["first try", "disk full"]
+    as_json = json.loads(run_once("logs", "nightly", "--period", period, "--attempt", "1",
+                                  "--json", env=elsewhere).stdout)
+    assert {k: as_json[k] for k in ("job", "period", "attempt", "owner", "status", "outcome",
+                                    "exit_code", "output")} == {
+        "job": "nightly", "period": period, "attempt": 1, "owner": "host-a",
+        "status": "failed", "outcome": "failed", "exit_code": 3,
+        "output": "first try\ndisk full\n"}
+
+
+def test_once_logs_says_what_it_cannot_show(once_env: dict[str, str],
+                                            ledger_url: str) -> None:
+    assert once_run(once_env, "--output-tail", "0", "--", "echo", "hi",
+                    job="quiet").returncode == 0
+    quiet = run_once("logs", "quiet", env=once_env)
+    assert quiet.returncode == 0
+    assert quiet.stdout.count("\n") == 1 and quiet.stdout.startswith("==> quiet ")
+    assert quiet.stderr.startswith("once: no output was captured")
+    unknown = run_once("logs", "nobody", env=once_env)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("once: unknown job 'nobody'")
+    missing = run_once("logs", "quiet", "--attempt", "7", env=once_env)
+    assert missing.returncode == 2 and missing.stderr == "once: job quiet has no attempt 7\n"
+
+
+def test_history_and_status_show_the_last_line_of_a_failure(once_env: dict[str, str],
+                                                            ledger_url: str) -> None:
+    failed = once_run(once_env, "--", "sh", "-c", "echo working; echo 'error: disk full'; "
+                      "echo; exit 4", job="h")
+    assert failed.returncode == 4
+    period = query(ledger_url, "SELECT period FROM once_runs")[0][0]
+    table = run_once("history", "h", env=once_env)
+    assert table.returncode == 0, table.stderr
+    head, row = table.stdout.splitlines()
+    assert head.endswith("REASON  LAST LINE")
+    assert row.endswith("error: disk full")
+    [entry] = json.loads(run_once("history", "h", "--json", env=once_env).stdout)
+    assert entry["last_line"] == "error: disk full"
+    [job] = json.loads(run_once("status", "h", "--json", env=once_env).stdout)
+    assert job["failed_periods"][0]["last_line"] == "error: disk full"
+    assert job["last_failure"] == {"period": period, "attempt": 1, "exit_code": 4,
+                                   "finished_at": job["failed_periods"][0]["finished_at"],
+                                   "last_line": "error: disk full"}
+
+
+def test_once_logs_shows_control_characters_escaped(once_env: dict[str, str],
+                                                    ledger_url: str) -> None:
+    # ESC would recolour the terminal, a carriage return overwrite the header, [b] be markup.
+    script = r"printf '\033[2J[b]bold[/b]\tok\r\nover\rwritten\n'; exit 1"
+    assert once_run(once_env, "--", "sh", "-c", script, job="esc").returncode == 1
+    shown = run_once("logs", "esc", env=once_env)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[1:] == ["\\u001b[2J[b]bold[/b]\tok", "over\\rwritten"]
+    raw = json.loads(run_once("logs", "esc", "--json", env=once_env).stdout)
+    assert raw["output"] == "\x1b[2J[b]bold[/b]\tok\r\nover\rwritten\n"
+    assert raw["last_line"] == "written"
+    [entry] = json.loads(run_once("history", "esc", "--json", env=once_env).stdout)
+    assert entry["last_line"] == "written"
+
+
+def test_a_done_attempt_has_no_last_line_column(once_env: dict[str, str],
+                                                ledger_url: str) -> None:
+    assert once_run(once_env, "--", "echo", "fine", job="ok").returncode == 0
+    [entry] = json.loads(run_once("history", "ok", "--json", env=once_env).stdout)
+    assert (entry["outcome"], entry["last_line"]) == ("done", None)
+    [job] = json.loads(run_once("status", "ok", "--json", env=once_env).stdout)
+    assert job["last_failure"] is None

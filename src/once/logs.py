@@ -1,0 +1,117 @@
+"""`once logs JOB [--period KEY] [--attempt N] [--json]`: what an attempt said, from any host.
+
+The tail of each attempt's output is stored with its finish (once_attempts.output, see
+once.relay). This prints one attempt's: the latest of the job (or of --period), or the one
+--attempt names, after a one-line header in the manner of tail(1):
+
+    ==> nightly 2026-11-29 attempt 2: failed (exit 3), owner vm:8804, finished
+        2026-11-29T02:00:13+01:00 after 12.3s <==      (one line)
+
+and then the output as stored, its control characters escaped (once.escape.shown_lines)
+but for line breaks and tabs. A report: SQLAlchemy Core, one snapshot, nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC
+from typing import Any
+
+from sqlalchemy import Connection, select
+
+from once import report
+from once.escape import shown, shown_lines
+from once.ledger import Target
+from once.periods import SpecError
+
+attempts = report.attempts
+
+
+def logs(target: Target, stored_job: str, period: str | None = None,
+         attempt: int | None = None, as_json: bool = False) -> int:
+    """Print one attempt's stored output; 2 when the job, period or attempt is unknown."""
+    try:
+        with report._reading(target) as conn:
+            found = _entry(conn, target, stored_job, period, attempt)
+    except report._NoLedger:
+        found = None
+    if found is None:
+        report._say(f"unknown job {stored_job!r}: no run of it in the ledger "
+                    f"{target.redacted}")
+        return 2
+    entry, output = found
+    if entry is None:
+        which = f"attempt {attempt}" if attempt is not None else "attempt"
+        where = f" at period {period}" if period is not None else ""
+        report._say(f"job {stored_job} has no {which}{where}")
+        return 2
+    if as_json:
+        report._print(json.dumps({**entry, "output": output}, indent=2))
+        return 0
+    report._print(header(entry))
+    sys.stdout.flush()
+    if output is None:
+        report._say(_nothing(entry))
+    elif output:
+        body = shown_lines(output)
+        sys.stdout.write(body if body.endswith("\n") else body + "\n")
+    return 0
+
+
+def header(entry: dict[str, Any]) -> str:
+    """==> JOB PERIOD attempt N: OUTCOME (exit E), owner O, finished T after D <=="""
+    what = report._status_word(entry)
+    if entry["exit_code"] is not None:
+        what += f" (exit {entry['exit_code']})"
+    if entry["finished_at"]:
+        when = (f"finished {entry['finished_at']} after "
+                f"{report._took(entry['duration_s'])}")
+    else:
+        when = f"started {entry['started_at']}"
+    return shown(f"==> {entry['job']} {entry['period']} attempt {entry['attempt']}: {what}, "
+                 f"owner {entry['owner']}, {when} <==")
+
+
+def _nothing(entry: dict[str, Any]) -> str:
+    if entry["outcome"] in ("running", "stale"):
+        return "nothing stored yet: the output is stored when the attempt finishes"
+    if entry["outcome"] == "taken-over":
+        return "nothing stored: the attempt never finished (another took the period over)"
+    return ("no output was captured for this attempt (--output-tail 0, the command's output "
+            "was a terminal, or it ran under an older once)")
+
+
+def _entry(conn: Connection, target: Target, job: str, period: str | None,
+           attempt: int | None) -> tuple[dict[str, Any] | None, str | None] | None:
+    """(the attempt as `once history --json` shows it, its output); None for an unknown job,
+    (None, None) when no attempt matches."""
+    job_rows = report._select_jobs(conn, [job], None)
+    if not job_rows:
+        return None
+    newest_first = (attempts.c.started_at.desc(), attempts.c.attempt.desc())
+    if period is None and attempt is not None:  # that attempt of the latest attempt's period
+        period = conn.execute(select(attempts.c.period).where(*_runs_of(job))
+                              .order_by(*newest_first).limit(1)).scalar()
+        if period is None:
+            return None, None
+    query = select(*report.attempt_columns(conn), attempts.c.output).where(*_runs_of(job))
+    if period is not None:
+        query = query.where(attempts.c.period == period)
+    if attempt is not None:
+        query = query.where(attempts.c.attempt == attempt)
+    row = conn.execute(query.order_by(*newest_first).limit(1)).first()
+    if row is None:
+        return None, None
+    holder = report._holders(conn, job, {row.period}).get(row.period)
+    try:
+        tz: Any = report._zone(job_rows[0].tz)
+    except SpecError:
+        tz = UTC
+    entry = report._attempt_entry(row, holder, report._db_now(conn, target), tz)
+    return entry, row.output
+
+
+def _runs_of(job: str) -> tuple[Any, ...]:
+    """The job's attempts, not its `once state --set` records."""
+    return attempts.c.job == job, attempts.c.period != report.STATE_PERIOD
