@@ -604,6 +604,33 @@ FILES = (
     ),
 )
 
+UNDER_CRON = """\
+Cron starts a line with little of a login shell, and says what went wrong only by mail.
+
+`PATH`: Debian's cron sets `/usr/bin:/bin`, and `pip` installs `once` in `/usr/local/bin`
+(`~/.local/bin` with `pipx` or `pip install --user`), so a bare `once` fails with `once: not
+found`. Start the crontab with a `PATH=` line naming the directory `command -v once` prints
+(cron expands neither `~` nor `$HOME` there), or write `once` with its absolute path.
+
+The working directory is the user's home: give the command its absolute path.
+
+The environment is the crontab's own `NAME=value` lines, not your shell's: set
+`ONCE_DATABASE_URL`, or `ONCE_DATABASE_URL_FILE` naming a file that holds the URL, there. A
+variable exported only in your shell leaves cron's `once` on the default SQLite ledger
+(FILES); `once status` and `once check` name the ledger they read.
+
+`once` writes its own lines, `once:` ..., to standard error and passes the command's output
+through; cron mails whatever a line prints to `MAILTO` (by default the crontab's owner). A
+skipped period prints nothing, but a period whose attempts are used up is warned about on
+every fire, which a line firing every five minutes would mail every five minutes: `-q`
+silences that warning and keeps every error.
+
+`%` in a crontab's command field is a newline (cron passes what follows it to the command's
+standard input): write each `%` of a URL (`p%40ss`) or of a hook's `date +%F` as `\\%`. A
+`NAME=value` line and a file (`ONCE_DATABASE_URL_FILE`, `--db-password-file`,
+`--ping-url-file`) take `%` as it is.
+"""
+
 COMPLETION = """\
 The scripts in the source tree's `completions/` directory complete commands, options and,
 from a SQLite ledger, job names. Install `once.bash` as
@@ -620,11 +647,13 @@ EXAMPLES = (
     (
         "A crontab line on every machine that may run the job: whichever fires first in a day runs "
         "`bill.sh` for that day; the others skip it. Firing every five minutes retries a failed "
-        "day (up to `--max-attempts`) and costs one short transaction once the day is done:",
+        "day (up to `--max-attempts`) and costs one short transaction once the day is done; "
+        "`-q` keeps a day that failed out from mailing a warning on every fire (UNDER CRON):",
         """\
-ONCE_DATABASE_URL=postgresql://once@db.example/ops
+PATH=/usr/local/bin:/usr/bin:/bin
+ONCE_DATABASE_URL_FILE=/etc/once/database-url
 ONCE_TZ=Europe/Berlin
-*/5 * * * * once run --job invoices --every day -- /opt/bill.sh
+*/5 * * * * once run -q --job invoices --every day -- /opt/bill.sh
 """,
     ),
     (
@@ -663,6 +692,7 @@ once state sync-orders --set '2026-01-01 00:00:00+00|0' --every 5m
         "Monitoring from cron: mail when a due period of any job has no done row an hour after "
         "it ended, or a heartbeat has gone stale:",
         """\
+PATH=/usr/local/bin:/usr/bin:/bin
 MAILTO=ops@example.com
 */15 * * * * once check --grace 1h >/dev/null || echo "failed: $?"
 """,
@@ -756,6 +786,7 @@ def man_page(group: click.Group | None = None) -> str:
     for path, text in FILES:
         out += [".TP", italic(path), *prose(text, lead="", sep=".IP")]
 
+    out += [macro("SH", "UNDER CRON"), *prose(UNDER_CRON, lead="")]
     out += [macro("SH", "SHELL COMPLETION"), *prose(COMPLETION, lead="")]
 
     out.append(macro("SH", "EXAMPLES"))

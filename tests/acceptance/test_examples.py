@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import yaml_free_cronjob as k8s
 
+from once import _docs
 from once.cli import cli, load_commands
 
 load_commands()  # every command, not only `run`
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+README = EXAMPLES.parent / "README.md"
 
 
 def once_invocations() -> list[tuple[str, list[str]]]:
@@ -78,3 +80,60 @@ def test_the_serve_manifest_reads_the_cronjobs_ledger_secret() -> None:
     secret = "secretKeyRef:\n                  name: once-ledger\n                  key: url"
     assert "name: once-ledger" in cronjob and secret in serve
     assert "path: /healthz" in serve and "path: /metrics" in serve
+
+
+# -- crontabs as cron runs them ----------------------------------------------------------------
+
+CRON_LINE = re.compile(r"^(?:[\d*/,-]+\s+){5}(?P<command>.*)$")
+CRON_PATH = "/usr/bin:/bin"  # Debian cron's
+
+
+def crontabs() -> list[tuple[str, list[str]]]:
+    """(where, lines) of every crontab shown: examples/crontab, each README code block and
+    each man page example holding a cron line."""
+    found = [("examples/crontab", (EXAMPLES / "crontab").read_text().splitlines())]
+    block: list[str] = []
+    for n, line in enumerate([*README.read_text().splitlines(), "end"], 1):
+        if line.startswith("    ") or (block and not line.strip()):
+            block.append(line[4:])
+            continue
+        if any(CRON_LINE.match(row) for row in block):
+            found.append((f"README.md, the block ending at line {n - 1}", block))
+        block = []
+    for n, (_text, example) in enumerate(_docs.EXAMPLES, 1):
+        if any(CRON_LINE.match(row) for row in example.splitlines()):
+            found.append((f"man page example {n}", example.splitlines()))
+    return found
+
+
+def test_every_crontab_finds_once_and_its_commands_under_cron() -> None:
+    """Cron's PATH is /usr/bin:/bin and its working directory $HOME: a bare `once` needs a
+    PATH= line naming where pip puts it, and a relative command is not found. A `%` on a
+    command line is a newline to cron."""
+    shown = crontabs()
+    assert len(shown) >= 8, [where for where, _ in shown]
+    for where, lines in shown:
+        path = CRON_PATH
+        for line in lines:
+            if line.startswith("PATH="):
+                path = line.partition("=")[2]
+            match = CRON_LINE.match(line)
+            if not match:
+                continue
+            command = match.group("command")
+            if re.search(r"(?:^|[\s(;|&])once\s", command):  # a bare once, $(once ...) too
+                assert "/usr/local/bin" in path.split(":"), (where, line)
+            words = shlex.split(command.replace("\\%", "%"))
+            for i, word in enumerate(words):
+                if word == "--" and i + 1 < len(words):
+                    assert words[i + 1].startswith(("/", "$HOME/")), (where, line)
+            assert "%" not in command.replace("\\%", ""), (where, line)
+
+
+def test_the_every_few_minutes_idiom_is_quiet_under_cron() -> None:
+    """A failed-out day warns on every fire: without -q, cron mails it every five minutes."""
+    for where, lines in crontabs():
+        for line in lines:
+            match = CRON_LINE.match(line)
+            if match and line.startswith("*/") and "once run" in line and "--every day" in line:
+                assert " -q " in match.group("command"), (where, line)
