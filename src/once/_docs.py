@@ -632,8 +632,9 @@ standard input): write each `%` of a URL (`p%40ss`) or of a hook's `date +%F` as
 """
 
 COMPLETION = """\
-The scripts in the source tree's `completions/` directory complete commands, options and,
-from a SQLite ledger, job names. Install `once.bash` as
+The scripts in the source tree's `completions/` directory complete commands, options, job
+names from a SQLite ledger (a server ledger is not asked), zone names for `--tz` and the
+specs `--every` takes. Install `once.bash` as
 `/usr/share/bash-completion/completions/once` (or
 `~/.local/share/bash-completion/completions/once`), `_once` in a directory of zsh's
 `$fpath`, and `once.fish` as `~/.config/fish/completions/once.fish`. Without the files,

@@ -15,7 +15,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from once import __version__, limits
-from once.complete import job_names
+from once.complete import every_specs, job_names, zone_names
 from once.limits import InputError
 from once.periods import SpecError
 
@@ -103,7 +103,7 @@ def ledger_options(func: F) -> F:
 
 def tz_option(func: F) -> F:
     return click.option("--tz", default="UTC", envvar="ONCE_TZ", metavar="ZONE",
-                        show_default=True,
+                        show_default=True, shell_complete=zone_names,
                         help="IANA time zone the periods follow [env: ONCE_TZ].")(func)
 
 
@@ -113,7 +113,7 @@ def schedule_options(func: F) -> F:
     func = click.option("--cron", "cron", metavar="EXPR",
                         help="Periods between the fire times of a five-field cron "
                              "expression.")(func)
-    func = click.option("--every", "every", metavar="SPEC",
+    func = click.option("--every", "every", metavar="SPEC", shell_complete=every_specs,
                         help="Period length: minute, Nm, hour, Nh, day, week, month, quarter, "
                              "year.")(func)
     return func

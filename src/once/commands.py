@@ -368,7 +368,7 @@ GRACE = Grace()
 
 
 @cli.command()
-@click.argument("jobs", nargs=-1, metavar="[JOB]...")
+@click.argument("jobs", nargs=-1, metavar="[JOB]...", shell_complete=job_names)
 @ledger_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object a job.")
 @click.option("--timeline", is_flag=True, help="Draw each job's recent periods: done, failed, "
@@ -394,7 +394,7 @@ def status(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
 
 
 @cli.command()
-@click.argument("job", metavar="JOB")
+@click.argument("job", metavar="JOB", shell_complete=job_names)
 @ledger_options
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1),
               help="Show the N latest attempts.")
@@ -433,7 +433,7 @@ def logs(job: str, db: str | None, db_password_file: str | None, namespace: str 
 
 
 @cli.command()
-@click.argument("jobs", nargs=-1, metavar="[JOB]...")
+@click.argument("jobs", nargs=-1, metavar="[JOB]...", shell_complete=job_names)
 @ledger_options
 @click.option("--grace", default="0", show_default=True, type=GRACE,
               help="How long after a period is due its done row may still be missing.")

@@ -1,4 +1,5 @@
-"""Shell completion of job names from the ledger, where that is cheap.
+"""Shell completion of job names from the ledger, where that is cheap, of zone names (--tz)
+and of period specs (--every).
 
 Only a SQLite ledger is read: the one `--db` or ONCE_DATABASE_URL names, else the default
 file under $XDG_STATE_HOME/once/. It is opened read-only and never created; a server ledger
@@ -22,9 +23,13 @@ BUSY_TIMEOUT = 0.2
 def job_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
     """click `shell_complete` callable: the ledger's job names that start with `incomplete`."""
     try:
-        return _job_names(ctx.params or {}, incomplete)
+        names = _job_names(ctx.params or {}, incomplete)
     except Exception:  # completion must never break the shell: offer nothing instead
         return []
+    given = (ctx.params or {}).get(param.name or "")
+    if isinstance(given, tuple | list):  # status, check: the jobs named so far go
+        names = [name for name in names if name not in given]
+    return names
 
 
 def _job_names(params: dict[str, Any], incomplete: str) -> list[str]:
@@ -49,3 +54,29 @@ def _job_names(params: dict[str, Any], incomplete: str) -> list[str]:
         prefix = namespace + ":"
         names = [name[len(prefix) :] for name in names if name.startswith(prefix)]
     return [name for name in names if name.startswith(incomplete)]
+
+
+# What --every takes (once.periods): the calendar units and every N that divides 60 minutes or
+# 24 hours, but for the spellings that say the same as another (1m, 60m, 1h, 24h).
+EVERY_SPECS = ("minute", "2m", "3m", "4m", "5m", "6m", "10m", "12m", "15m", "20m", "30m",
+               "hour", "2h", "3h", "4h", "6h", "8h", "12h", "day", "week", "month", "quarter",
+               "year")
+
+
+def every_specs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    """click `shell_complete` callable for --every."""
+    return [spec for spec in EVERY_SPECS if spec.startswith(incomplete)]
+
+
+def zone_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    """click `shell_complete` callable for --tz: the IANA zones this Python knows (the system's
+    tzdata, else the tzdata package), matched case-insensitively (`europe/b` finds
+    Europe/Berlin)."""
+    try:
+        from zoneinfo import available_timezones
+
+        zones = available_timezones()
+    except Exception:  # no tzdata at all: offer nothing rather than break the shell
+        return []
+    prefix = incomplete.lower()
+    return sorted(zone for zone in zones if zone.lower().startswith(prefix))
