@@ -582,6 +582,9 @@ CHILD_ENV = (
     ("ONCE_OUTCOME", "In `--on-success`, `--on-failure` and `--on-skip` hooks: done, failed, "
                      "timed-out, fenced-out, skipped-done, skipped-held or skipped-failed."),
     ("ONCE_STATUS", "In hooks: the exit status of `once run`."),
+    ("ONCE_OUTPUT_FILE", "In hooks, when the command's output was captured: a file (mode "
+                         "0600, removed after the hook) holding its last `--output-tail` "
+                         "bytes as the command wrote them."),
 )
 
 CHILD_ENV_INTRO = """\

@@ -231,6 +231,10 @@ def notify_options(func: F) -> F:
         click.option("--ping-exit-status", is_flag=True,
                      help="On failure request URL/STATUS (the exit status) instead of "
                           "URL/fail."),
+        click.option("--ping-body-tail", type=SIZE, metavar="SIZE",
+                     help="Send the last SIZE bytes of the command's captured output as the "
+                          "success and failure pings' body (POST); 0: send none (GET) "
+                          "[default: --output-tail, at most 10KiB]."),
         click.option("--on-success", metavar="CMD",
                      help="Run CMD (through /bin/sh) after a done run; ONCE_OUTCOME and "
                           "ONCE_STATUS are set."),
@@ -245,7 +249,8 @@ def notify_options(func: F) -> F:
 
 def notifier(ping: str | None, ping_url_file: str | None, ping_on_skip: bool,
              ping_exit_status: bool, on_success: str | None, on_failure: str | None,
-             on_skip: str | None) -> Any:
+             on_skip: str | None, ping_body_tail: int | None = None,
+             output_tail: int = limits.OUTPUT_TAIL) -> Any:
     """A Notifier when any ping or hook is asked for (None keeps urllib off the hot path)."""
     if ping_url_file:
         from once.notify import read_url_file
@@ -270,7 +275,9 @@ def notifier(ping: str | None, ping_url_file: str | None, ping_on_skip: bool,
         return None
     from once.notify import Notifier
 
-    return Notifier(ping, ping_on_skip, ping_exit_status, on_success, on_failure, on_skip)
+    body = min(output_tail, limits.PING_BODY_MAX) if ping_body_tail is None else ping_body_tail
+    return Notifier(ping, ping_on_skip, ping_exit_status, on_success, on_failure, on_skip,
+                    body)
 
 
 def verbosity_options(func: F) -> F:
@@ -311,10 +318,9 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
         shards: int, version_tag: str | None, output_tail: int, max_clock_skew: float,
         catchup: int, skipped_exit_code: int, all_shards: bool,
         require_same_command: bool, ping: str | None, ping_url_file: str | None,
-        ping_on_skip: bool, ping_exit_status: bool, on_success: str | None,
-        on_failure: str | None, on_skip: str | None, verbose: int, quiet: bool,
-        log_format: str,
-        command: tuple[str, ...]) -> int:
+        ping_on_skip: bool, ping_exit_status: bool, ping_body_tail: int | None,
+        on_success: str | None, on_failure: str | None, on_skip: str | None, verbose: int,
+        quiet: bool, log_format: str, command: tuple[str, ...]) -> int:
     """Claim the current period of JOB and, if this call wins it, run COMMAND.
 
     COMMAND runs directly (no shell) with ONCE_JOB, ONCE_PERIOD, ONCE_PERIOD_START,
@@ -338,7 +344,7 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
                              max_clock_skew=max_clock_skew, output_tail=output_tail,
                              notifier=notifier(ping, ping_url_file, ping_on_skip,
                                                ping_exit_status, on_success, on_failure,
-                                               on_skip))
+                                               on_skip, ping_body_tail, output_tail))
     period = core.current_period(sched, lag)
     with ledger_for(target, stale_after) as ledger:
         if catchup:

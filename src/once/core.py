@@ -110,7 +110,7 @@ def current_period(schedule: Schedule, lag: int = 0, now: datetime | None = None
 # run's shard, watermark file or attempt as its own.
 EXPORTED = ("ONCE_JOB", "ONCE_PERIOD", "ONCE_PERIOD_START", "ONCE_PERIOD_END",
             "ONCE_PERIOD_TZ", "ONCE_ATTEMPT", "ONCE_FENCE", "ONCE_STATE", "ONCE_STATE_OUT",
-            "ONCE_SHARD", "ONCE_SHARDS", "ONCE_OUTCOME", "ONCE_STATUS")
+            "ONCE_SHARD", "ONCE_SHARDS", "ONCE_OUTCOME", "ONCE_STATUS", "ONCE_OUTPUT_FILE")
 
 
 def refuse_future(period: Period, option: str, now: datetime | None = None) -> None:
@@ -222,7 +222,7 @@ def _notify(settings: Settings, result: Result, env: dict[str, str]) -> None:
         def log(message: str, event: str) -> None:
             say(message, settings, ERROR, event)
 
-        settings.notifier.finished(result.outcome, result.status, env, log)
+        settings.notifier.finished(result.outcome, result.status, env, log, result.output)
 
 
 def run_shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],

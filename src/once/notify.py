@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 PING_TIMEOUT = 3.0  # seconds per request
@@ -45,6 +45,7 @@ class Notifier:
     on_success: str | None = None
     on_failure: str | None = None
     on_skip: str | None = None
+    body_tail: int = 0  # --ping-body-tail: bytes of the output sent with a result ping
     _start: threading.Thread | None = field(default=None, init=False, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _start_error: list[str] = field(default_factory=list, init=False, repr=False)
@@ -66,9 +67,11 @@ class Notifier:
         self._start.start()
 
     def finished(self, outcome: str, status: int, env: Mapping[str, str],
-                 log: Log | None = None) -> None:
+                 log: Log | None = None, output: bytes | None = None) -> None:
         """The period's outcome is known: ping (within PING_BUDGET), then run the hook.
-        Failures are told through log (default: a plain `once:` line)."""
+        Failures are told through log (default: a plain `once:` line). output: the tail of
+        the command's output (None: not captured), the result ping's body (POST) and the
+        hook's ONCE_OUTPUT_FILE."""
         log = log or _say
         deadline = time.monotonic() + PING_BUDGET
         failures: list[tuple[str, str]] = []  # (which ping, why)
@@ -85,7 +88,9 @@ class Notifier:
         url, which = self._result_url(outcome, status)
         if url:
             box: list[str] = []
-            worker = threading.Thread(target=lambda: box.append(ping(url, deadline)),
+            body = ping_body(output, self.body_tail)
+            worker = threading.Thread(target=lambda: box.append(ping(url, deadline,
+                                                                     body=body)),
                                       daemon=True)
             worker.start()
             worker.join(max(0.0, deadline - time.monotonic()) + 0.5)  # a hard bound
@@ -99,8 +104,10 @@ class Notifier:
         hook = {"success": self.on_success, "failure": self.on_failure,
                 "skip": self.on_skip}[kind]
         if hook:
-            run_hook(hook, {**env, "ONCE_OUTCOME": outcome, "ONCE_STATUS": str(status)},
-                     HOOK_OPTIONS[kind], log)
+            with output_file(output) as path:
+                extra = {"ONCE_OUTPUT_FILE": path} if path else {}
+                run_hook(hook, {**env, "ONCE_OUTCOME": outcome, "ONCE_STATUS": str(status),
+                                **extra}, HOOK_OPTIONS[kind], log)
 
     def _result_url(self, outcome: str, status: int) -> tuple[str | None, str]:
         """The URL that tells outcome, and what to call it in a message."""
@@ -116,6 +123,36 @@ class Notifier:
             return self.ping_url, "success"
         suffix = str(status) if self.ping_exit_status else "fail"
         return with_suffix(self.ping_url, suffix), suffix
+
+
+def ping_body(output: bytes | None, limit: int) -> bytes | None:
+    """The result ping's body: the last `limit` bytes of the output as UTF-8 text (as the
+    ledger stores it); None (a GET) when nothing was captured or limit is 0."""
+    if output is None or limit <= 0:
+        return None
+    from once.relay import lead_trimmed, text
+
+    body = text(lead_trimmed(output[-limit:])).encode()
+    return body if len(body) <= limit else lead_trimmed(body[-limit:])
+
+
+@contextlib.contextmanager
+def output_file(output: bytes | None) -> Iterator[str]:
+    """A file (mode 0600) holding the output's tail as captured, for a hook's
+    ONCE_OUTPUT_FILE, removed when the hook is done; '' when nothing was captured."""
+    if output is None:
+        yield ""
+        return
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="once-output-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(output)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _summary(failures: list[tuple[str, str]]) -> str:
@@ -139,8 +176,10 @@ def with_suffix(url: str, suffix: str) -> str:
     return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{suffix}"))
 
 
-def ping(url: str, deadline: float | None = None, stop: threading.Event | None = None) -> str:
-    """GET url, tried PING_TRIES times with backoff, until deadline (monotonic) if given.
+def ping(url: str, deadline: float | None = None, stop: threading.Event | None = None,
+         body: bytes | None = None) -> str:
+    """GET url (POST body, when given), tried PING_TRIES times with backoff, until deadline
+    (monotonic) if given.
 
     Returns '' on success, else why it failed (never the URL). A 4xx answer is not retried:
     the server would say the same again. stop, once set, ends the tries.
@@ -165,7 +204,10 @@ def ping(url: str, deadline: float | None = None, stop: threading.Event | None =
             if timeout < 0.1:
                 break
         try:
-            request = urllib.request.Request(url, headers={"User-Agent": "once"})
+            headers = {"User-Agent": "once"}
+            if body is not None:
+                headers["Content-Type"] = "text/plain; charset=utf-8"
+            request = urllib.request.Request(url, data=body, headers=headers)
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 response.read(1024)
             return ""

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import continue_if_sqlite, run_once, wait_for
+from helpers import ONCE, continue_if_sqlite, run_once, wait_for
 from ledger_sql import query
 from once import notify
 from procs import start_once
@@ -46,6 +46,7 @@ class PingServer:
 
     def __init__(self, log: Path) -> None:
         self.requests: list[tuple[str, float]] = []
+        self.bodies: list[tuple[str, str, bytes | None]] = []  # (method, path, POST body)
         self.log = log
         self.status = 200
         self.hang = False  # hold every request until the test ends
@@ -53,7 +54,16 @@ class PingServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # healthchecks.io takes the output as a POST body
+                length = int(self.headers.get("Content-Length") or 0)
+                outer.bodies.append(("POST", self.path, self.rfile.read(length)))
+                self.answer()
+
             def do_GET(self) -> None:
+                outer.bodies.append(("GET", self.path, None))
+                self.answer()
+
+            def answer(self) -> None:
                 outer.requests.append((self.path, time.monotonic()))
                 with open(outer.log, "a") as log:
                     log.write(self.path + "\n")
@@ -324,7 +334,8 @@ def test_hooks_see_the_run_for_done_failed_and_skips(env: dict[str, str], tmp_pa
                     "ONCE_PERIOD_START": seen["ONCE_PERIOD_START"],
                     "ONCE_PERIOD_END": seen["ONCE_PERIOD_END"], "ONCE_PERIOD_TZ": "UTC",
                     "ONCE_ATTEMPT": "1", "ONCE_FENCE": seen["ONCE_FENCE"],
-                    "ONCE_OUTCOME": "done", "ONCE_STATUS": "0"}
+                    "ONCE_OUTCOME": "done", "ONCE_STATUS": "0",
+                    "ONCE_OUTPUT_FILE": seen["ONCE_OUTPUT_FILE"]}  # the output was captured
     assert query(ledger_url, "SELECT period, fence FROM once_runs") == [
         (period, int(seen["ONCE_FENCE"]))]
 
@@ -488,3 +499,53 @@ def test_a_bad_ping_url_is_a_usage_error(env: dict[str, str], tmp_path: Path,
     assert result.returncode == 2
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("once: ")
     assert not (tmp_path / "ran").exists()
+
+
+# -- the output with the pings and hooks (issue 18) --------------------------------------------
+
+
+def test_the_failure_pings_body_is_the_output_tail(server: PingServer,
+                                                   env: dict[str, str]) -> None:
+    script = "echo starting; i=0; while [ $i -lt 3000 ]; do echo line $i; i=$((i+1)); done; " \
+             "echo 'error: disk full'; exit 3"
+    result = once("run", "--job", "body", *DAY, "--ping", server.url(), "--", "sh", "-c",
+                  script, env=env)
+    assert result.returncode == 3, result.stderr
+    assert once_lines(result.stderr) == []
+    start, fail = server.bodies
+    assert start == ("GET", f"/ping/{KEY}/start", None)
+    method, path, body = fail
+    assert (method, path) == ("POST", f"/ping/{KEY}/fail")
+    # The last 10KiB (the default) of what the command wrote.
+    assert body == result.stdout.encode()[-10 * 1024:]
+    assert body.endswith(b"line 2999\nerror: disk full\n")
+
+
+@sqlite_only
+def test_ping_body_tail_bounds_the_body_and_0_sends_none(server: PingServer,
+                                                         env: dict[str, str]) -> None:
+    once("run", "--job", "small", *DAY, "--ping", server.url(), "--ping-body-tail", "8",
+         "--", "echo", "done at last", env=env)
+    once("run", "--job", "none", *DAY, "--ping", server.url(), "--ping-body-tail", "0",
+         "--", "echo", "quiet", env=env)
+    once("run", "--job", "off", *DAY, "--ping", server.url(), "--output-tail", "0",
+         "--", "echo", "not captured", env=env)
+    results = [entry for entry in server.bodies if not entry[1].endswith("/start")]
+    assert results == [("POST", f"/ping/{KEY}", b"at last\n"), ("GET", f"/ping/{KEY}", None),
+                       ("GET", f"/ping/{KEY}", None)]
+
+
+@sqlite_only
+def test_a_hook_reads_the_output_from_once_output_file(env: dict[str, str],
+                                                       tmp_path: Path) -> None:
+    hook = 'cp "$ONCE_OUTPUT_FILE" "$DIR/seen"; echo "$ONCE_OUTPUT_FILE" > "$DIR/path"'
+    result = subprocess.run([ONCE, "run", "--job", "hooked", *DAY, "--on-failure", hook,
+                             "--", "sh", "-c", "printf 'binary \\377 kept\\n'; exit 1"],
+                            env=env, capture_output=True, timeout=60)  # bytes: not UTF-8
+    assert (result.returncode, result.stdout) == (1, b"binary \xff kept\n"), result.stderr
+    assert (tmp_path / "seen").read_bytes() == b"binary \xff kept\n"  # as the command wrote it
+    assert not Path((tmp_path / "path").read_text().strip()).exists()  # removed after the hook
+    quiet = once("run", "--job", "plain", *DAY, "--output-tail", "0", "--on-success",
+                 'echo "[${ONCE_OUTPUT_FILE-unset}]" > "$DIR/unset"', "--", "true", env=env)
+    assert quiet.returncode == 0
+    assert (tmp_path / "unset").read_text() == "[unset]\n"
