@@ -634,6 +634,22 @@ standard input): write each `%` of a URL (`p%40ss`) or of a hook's `date +%F` as
 `--ping-url-file`) take `%` as it is.
 """
 
+OUTPUT = """\
+Where the command's standard output or error is not a terminal, `once run`, `once catchup`
+and `once rerun` give it a pipe and copy what comes out of it, unchanged and as it comes, to
+where it was going, and keep its last `--output-tail` bytes (default 16KiB, both streams
+together). They are stored with the attempt's result in the ledger, for `once logs` (and the
+last line of a failure for `once history` and `once status --json`), sent as the success and
+failure pings' body (`--ping-body-tail`), and given to hooks in `ONCE_OUTPUT_FILE`. On a
+terminal nothing is captured. Once the command has ended, what its background processes
+still write is copied for at most a second; after that they get a broken pipe.
+
+Privacy: whatever the command prints, secrets included, is readable by everyone who can read
+the ledger (and `once serve`'s `/api/status` shows the last line of each failure), and goes
+to the ping service. `--output-tail 0` stores and sends nothing; `--ping-body-tail 0` keeps
+it out of the pings; `once prune` deletes it with the attempts it deletes.
+"""
+
 COMPLETION = """\
 The scripts in the source tree's `completions/` directory complete commands, options, job
 names from a SQLite ledger (a server ledger is not asked), zone names for `--tz` and the
@@ -790,6 +806,7 @@ def man_page(group: click.Group | None = None) -> str:
     for path, text in FILES:
         out += [".TP", italic(path), *prose(text, lead="", sep=".IP")]
 
+    out += [macro("SH", "OUTPUT"), *prose(OUTPUT, lead="")]
     out += [macro("SH", "UNDER CRON"), *prose(UNDER_CRON, lead="")]
     out += [macro("SH", "SHELL COMPLETION"), *prose(COMPLETION, lead="")]
 

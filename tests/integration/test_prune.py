@@ -44,3 +44,21 @@ def test_database_url_from_a_file(once_env: dict[str, str], ledger_url: str,
     env["ONCE_DATABASE_URL_FILE"] = str(tmp_path / "missing")
     missing = run_once("run", "--job", "f", "--every", "day", "--", "true", env=env)
     assert missing.returncode == 2 and missing.stderr.startswith("once: cannot read")
+
+
+def test_prune_deletes_the_output_stored_with_the_attempts(once_env: dict[str, str],
+                                                           ledger_url: str) -> None:
+    args = ["catchup", "--job", "talk", "--every", "day", "--since", "2026-01-01", "--until",
+            "2026-01-03", "-q", "--", "echo", "secret token 1234"]
+    assert run_once(*args, env=once_env).returncode == 0
+    stored = query(ledger_url, "SELECT output FROM once_attempts")
+    assert stored == [("secret token 1234\n",)] * 3
+    query(ledger_url, "UPDATE once_runs SET finished_at = period_start")
+    query(ledger_url, "UPDATE once_attempts SET finished_at = "
+          + ("started_at - INTERVAL '400 days'" if ledger_url.startswith("postgresql") else
+             "started_at - INTERVAL 400 DAY" if ledger_url.startswith("mariadb") else
+             "'2025-01-01 00:00:00.000000'"))
+    assert run_once("prune", "--older-than", "30d", env=once_env).returncode == 0
+    # The latest done row stays (catch-up resumes from it); no attempt, no output is left.
+    assert query(ledger_url, "SELECT count(*) FROM once_attempts") == [(0,)]
+    assert run_once("logs", "talk", env=once_env).returncode == 2
