@@ -75,6 +75,17 @@ class Row:
     lost: int = 0
     notes: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # details of every loss, for the report
+    # A storm's periods (None elsewhere): seconds two attempts of a period ran side by side,
+    # periods finished twice without a cause, periods never done, and (redone after an
+    # outage, periods).
+    overlap: float | None = None
+    twice: int | None = None
+    never: int | None = None
+    redone: tuple[int, int] | None = None
+    # The clock scenario's (None elsewhere): periods claimed by a host whose clock was off by
+    # more than the --max-clock-skew it checks, and claims taken from a live owner.
+    wrong_clock: int | None = None
+    live_takeovers: int | None = None
 
     def fail(self, what: str) -> None:
         self.lost += 1
@@ -165,6 +176,7 @@ class Proc:
         with suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGCONT)
             os.kill(self.pid, signal.SIGKILL)
+            self.faults.append(("SIGKILL", time.time()))
         self.popen.wait()
         self.poll()
 
@@ -205,10 +217,14 @@ def parent_of(pid: int) -> int | None:
 # -- the children's own log ----------------------------------------------------------------------
 
 
+END = ("done", "term")  # the words a child ends with (SIGKILL leaves none)
+
+
 @dataclass(frozen=True)
 class Mark:
     """One line a child appended: start, done (its work is finished) or term (it was
-    stopped by a signal before finishing)."""
+    stopped by a signal before finishing); overlap (the period's flock was taken as it
+    started) and clear (it has the lock now)."""
 
     word: str
     period: str

@@ -1,31 +1,12 @@
 """A storm: cron-like re-fires of real wrappers over a range of periods, under injected
-faults, until the ledger converges; then the verdict, period by period and fault by fault.
+faults, until the ledger converges (verdict.py then judges it, period by period and fault by
+fault).
 
 The re-fire loop starts a wrapper every fraction of a second (`once catchup --since P0`,
 `once catchup` over a random window, or `once run --catchup N`), at most `max_live` at a
 time, until every period from P0 to the current one is done, or a time bound passes. Every
-wrapper runs torture/child.py, which logs start / done / term with its period and fence.
-
-A period is judged from three sources: the children's own log, the ledger (once_runs and
-once_attempts) and each wrapper's JSON log (-v --log-format json). It holds when:
-
-- it converged: once_runs says done, by an attempt whose command did finish (a `done` line
-  with the row's fence);
-- its work was finished exactly once: one `done` line. A second `done` is a duplicate, and
-  lost, unless its owner told why the first finish went unrecorded in a way the contract
-  documents: exit 75, "the result was not recorded" (the ledger was unreachable at the very
-  end; the period runs again once the claim goes stale), or, under a database fault, exit
-  70 because the late final write found the stale claim taken over. Such a period is
-  "redone" and counted apart in the notes: under ledger faults `once` is at least once, and
-  the command's own fence or idempotency key is what makes a rerun harmless;
-- no command finished after its period was taken over (its `done` time is after the
-  started_at, by the database's clock on the same host, of an attempt with a larger fence);
-- no claim's command ran twice (two `start` lines with one fence);
-- no command outlived the torture (a child still alive at the end: its owner died and it
-  was not killed with it).
-
-A fault holds when every period it touched holds (owner faults: the period of the wrapper
-it hit; database faults: every period with a command running during the fault).
+wrapper runs torture/child.py, which logs start / done / term with its period and fence, and
+holds the period's flock while it lives (overlap / clear when it finds it taken).
 """
 
 from __future__ import annotations
@@ -34,30 +15,22 @@ import random
 import signal
 import threading
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from common import (
     CHILD,
+    END,
     ONCE,
     Backend,
     Config,
     Mark,
     Proc,
-    Row,
     base_env,
-    db_time,
-    histogram,
     parent_of,
-    proc_stat,
-    read_marks,
-    status_word,
 )
-
-TOLERANCE = 0.002  # SQLite's clock has milliseconds
+from verdict import Verdict
 
 
 @dataclass
@@ -68,6 +41,8 @@ class Fault:
     period: str | None = None  # owner faults: the period of the command that was hit
     fence: int | None = None
     detail: str = ""
+    db: bool = False  # a fault of the ledger's (its server, its connections, its locks)
+    problems: list[str] = field(default_factory=list)  # seen by the injector itself
 
 
 @dataclass
@@ -116,7 +91,11 @@ class Storm:
         self.log = outdir / f"{spec.job}.log"
         self.env = {**base_env(url, outdir), "TORTURE_LOG": str(self.log),
                     "TORTURE_WORK_MIN": str(spec.work[0]),
-                    "TORTURE_WORK_MAX": str(spec.work[1]), **spec.extra_env}
+                    "TORTURE_WORK_MAX": str(spec.work[1]),
+                    "TORTURE_LOCKS": str(outdir / "locks"),
+                    # A wrapper that crashes says where (the command, `python -I`, ignores it).
+                    "PYTHONFAULTHANDLER": "1", **spec.extra_env}
+        (outdir / "locks").mkdir(exist_ok=True)
         self.schedule = every("hour", "UTC")
         self.first = current_period(self.schedule, spec.periods - 1)
         self.procs: list[Proc] = []
@@ -126,6 +105,10 @@ class Storm:
         self.stragglers = 0
         self._log_offset = 0
         self.running: dict[tuple[str, int], Mark] = {}  # started, not yet ended
+        self.owners: dict[tuple[str, int], Proc] = {}  # (period, fence) -> its wrapper
+        self.finished: set[str] = set()  # periods whose work was finished at least once
+        self.dones = 0  # `done` lines read so far
+        self.longest_stale = spec.stale  # the longest --stale-after any wrapper was given
 
     # -- the periods
 
@@ -138,6 +121,15 @@ class Storm:
     # -- re-fires
 
     def fire(self) -> None:
+        self.start([*self.spec.prefix, *self.argv(), "--", *CHILD])
+
+    def start(self, argv: list[str], tag: str = "w") -> Proc:
+        proc = Proc(argv, self.env, self.outdir, tag)
+        self.procs.append(proc)
+        self.by_pid[proc.pid] = proc
+        return proc
+
+    def argv(self) -> list[str]:
         spec = self.spec
         common = ["--job", spec.job, "--every", "hour", "--stale-after", f"{spec.stale:g}s",
                   "--kill-after", f"{min(2.0, spec.stale / 3):g}s",
@@ -153,9 +145,7 @@ class Storm:
             argv = [ONCE, "catchup", *common, "--since", keys[i], "--until", keys[j]]
         else:
             argv = [ONCE, "run", *common, "--catchup", str(spec.periods)]
-        proc = Proc([*spec.prefix, *argv, "--", *CHILD], self.env, self.outdir, "w")
-        self.procs.append(proc)
-        self.by_pid[proc.pid] = proc
+        return argv
 
     def live(self) -> list[Proc]:
         return [p for p in self.procs if p.poll() is None]
@@ -179,8 +169,14 @@ class Storm:
             key = (mark.period, mark.fence)
             if mark.word == "start":
                 self.running[key] = mark
-            else:
+                owner = self.owner_of(mark)
+                if owner is not None:
+                    self.owners[key] = owner
+            elif mark.word in END:
                 self.running.pop(key, None)
+                if mark.word == "done":
+                    self.finished.add(mark.period)
+                    self.dones += 1
 
     def owner_of(self, mark: Mark) -> Proc | None:
         """The wrapper whose command this is (child -> guard -> wrapper), if still ours."""
@@ -238,195 +234,6 @@ class Storm:
 
     def verdict(self) -> Verdict:
         return Verdict(self)
-
-
-@dataclass
-class Attempt:
-    period: str
-    attempt: int
-    fence: int
-    status: str
-    started_at: float
-
-
-class Verdict:
-    """Every period's problems, and what the notes say."""
-
-    def __init__(self, storm: Storm) -> None:
-        self.storm = storm
-        backend, url, job = storm.backend, storm.url, storm.spec.job
-        self.marks = read_marks(storm.log)
-        self.runs = {p: (s, int(a), int(f)) for p, s, a, f in backend.query(
-            url, "SELECT period, status, attempt, fence FROM once_runs WHERE job = %s",
-            (job,))}
-        self.attempts: dict[str, list[Attempt]] = defaultdict(list)
-        for p, a, f, s, at in backend.query(
-                url, "SELECT period, attempt, fence, status, started_at FROM once_attempts "
-                     "WHERE job = %s", (job,)):
-            self.attempts[p].append(Attempt(p, int(a), int(f), s, db_time(at)))
-        # fence -> (the wrapper that claimed it, its events for that fence)
-        self.claims: dict[int, tuple[Proc, list[dict[str, Any]]]] = {}
-        for proc in storm.procs:
-            for event in proc.events():
-                fence = event.get("fence")
-                if isinstance(fence, int):
-                    self.claims.setdefault(fence, (proc, []))[1].append(event)
-        self.redone: list[str] = []
-        # period -> [(the fence a problem is about, or None for the period's), problem]
-        self.problems: dict[str, list[tuple[int | None, str]]] = {}
-        expected = storm.expected()
-        for key in expected:
-            self.problems[key] = self._period(key)
-        strays = set(self.runs) - set(expected)
-        for key in sorted(strays):  # a period after the bound (the hour turned): judge it too
-            self.problems[key] = self._period(key, needed=False)
-        self.orphans = [m for m in self.marks if m.word == "start"
-                        and not any(n.word != "start" and n.pid == m.pid for n in self.marks)
-                        and _alive(m.pid)]
-        self.tracebacks = [p.name for p in storm.procs if "Traceback" in p.stderr()]
-
-    def _period(self, key: str, needed: bool = True) -> list[tuple[int | None, str]]:
-        problems: list[tuple[int | None, str]] = []
-        marks = [m for m in self.marks if m.period == key]
-        dones = sorted((m for m in marks if m.word == "done"), key=lambda m: m.at)
-        starts = Counter(m.fence for m in marks if m.word == "start")
-        for fence, n in starts.items():
-            if n > 1:
-                problems.append((fence, f"the command of fence {fence} started {n} times"))
-        status, _attempt, fence = self.runs.get(key, ("missing", 0, 0))
-        if status != "done":
-            if needed or status != "missing":
-                problems.append((None, f"not converged: {status}"))
-        elif not any(d.fence == fence for d in dones):
-            problems.append((None, f"done by fence {fence}, whose command never finished"))
-        attempts = sorted(self.attempts.get(key, []), key=lambda a: a.fence)
-        for d in dones:
-            later = [a.started_at for a in attempts if a.fence > d.fence]
-            if later and d.at > min(later) + TOLERANCE:
-                problems.append((d.fence, f"fence {d.fence} finished {d.at - min(later):.3f}s "
-                                          f"after its period was taken over"))
-        extra = [d for d in dones if d.fence != fence]
-        for d in extra:
-            later = [a.started_at for a in attempts if a.fence > d.fence]
-            cause = self._redo_cause(d.fence, d.at, min(later) if later else d.at)
-            if cause:
-                self.redone.append(f"{key} fence {d.fence}: {cause}")
-            else:
-                problems.append((d.fence, f"finished twice: fence {d.fence} finished at "
-                                          f"{d.at:.3f}, then fence {fence} ran it again "
-                                          f"({self._story(d.fence)})"))
-        return problems
-
-    def overlaps(self) -> list[float]:
-        """How long commands ran on after their period was taken over (killed unfinished,
-        or the finish is a loss of its own)."""
-        ends = {(m.period, m.fence): m.at for m in self.marks if m.word != "start"}
-        found = []
-        for m in self.marks:
-            if m.word != "start":
-                continue
-            later = [a.started_at for a in self.attempts.get(m.period, [])
-                     if a.fence > m.fence]
-            end = ends.get((m.period, m.fence))
-            if later and end is not None and end > min(later) + TOLERANCE:
-                found.append(end - min(later))
-        return found
-
-    def _redo_cause(self, fence: int, finished: float, taken: float) -> str:
-        """Why a command that finished (before any takeover) had its result go unrecorded,
-        when the contract documents it; '' when nothing does."""
-        proc, events = self.claims.get(fence, (None, []))
-        if proc is None:
-            return ""
-        if any(e.get("event") == "unreachable" for e in events) and proc.returncode == 75:
-            return "its owner could not record the result (ledger unreachable, exit 75)"
-        # A database fault kept the owner from renewing and from writing the result in
-        # time: its claim went stale, another attempt took over, and the late final write
-        # matched no row (exit 70). Only a fault of the ledger's during that window counts.
-        late = any(e.get("event") == "fenced-out" and "final write matched no row"
-                   in str(e.get("message")) for e in events) and proc.returncode == 70
-        stale = self.storm.spec.stale
-        hit = any(f.period is None and f.t0 <= taken and f.t1 >= finished - stale
-                  for f in self.storm.injector.faults)
-        if late and hit:
-            return ("its owner's final write came after its claim went stale under a "
-                    "database fault (exit 70)")
-        return ""
-
-    def _story(self, fence: int) -> str:
-        proc, events = self.claims.get(fence, (None, []))
-        if proc is None:
-            return "no wrapper logged that fence"
-        said = "; ".join(f"{e.get('event')}: {e.get('message', '')[:120]}" for e in events)
-        faults = ", ".join(kind for kind, _ in proc.faults) or "none"
-        return f"owner {status_word(proc.returncode)}, faults {faults}; {said}"
-
-    def touched(self, fault: Fault) -> list[str]:
-        """The periods a fault may have touched."""
-        if fault.period is not None:
-            return [fault.period]
-        found = set()
-        ends: dict[tuple[str, int], float] = {}
-        for m in self.marks:
-            if m.word != "start":
-                ends[(m.period, m.fence)] = m.at
-        for m in self.marks:
-            if m.word == "start" and m.at <= fault.t1 and ends.get(
-                    (m.period, m.fence), float("inf")) >= fault.t0:
-                found.add(m.period)
-        return sorted(found)
-
-    def judge_faults(self, rows: dict[str, Row], label: Callable[[str], str]) -> None:
-        for fault in self.storm.injector.faults:
-            row = rows.setdefault(fault.kind, Row(label(fault.kind)))
-            problems = [f"{key}: {text}" for key in self.touched(fault)
-                        for fence, text in self.problems.get(key, [])
-                        if fault.fence is None or fence in (None, fault.fence)]
-            what = f"{fault.kind} at {fault.t0:.3f}"
-            if fault.detail:
-                what += f" [{fault.detail}]"
-            if fault.period:
-                what += f" ({fault.period} fence {fault.fence})"
-            row.judge(problems, what)
-
-    def periods_row(self, title: str) -> Row:
-        row = Row(title)
-        for key, problems in self.problems.items():
-            row.judge([text for _, text in problems], key)
-        if self.orphans:
-            for m in self.orphans[:5]:
-                row.fail(f"the command of {m.period} fence {m.fence} (pid {m.pid}) outlived "
-                         f"its owner")
-        for name in self.tracebacks[:5]:
-            row.fail(f"traceback in wrapper {name}")
-        storm = self.storm
-        codes = [status_word(p.returncode) for p in storm.procs]
-        takeovers = sum(1 for a in self.attempts.values() for x in a if x.attempt > 1)
-        row.note(f"{len(storm.procs)} wrappers ({histogram(codes)})")
-        row.note(f"{takeovers} takeovers; "
-                 + ("converged" if storm.converged else "NOT converged")
-                 + f" in {storm.took:.0f}s")
-        overlaps = self.overlaps()
-        if overlaps:
-            row.note(f"{len(overlaps)} commands ran on after a takeover (longest "
-                     f"{max(overlaps):.1f}s)")
-        if self.redone:
-            row.note(f"redone after a finish the ledger could not record in time "
-                     f"(documented: exit 75 or 70): {len(self.redone)}")
-        if storm.stragglers:
-            row.note(f"{storm.stragglers} wrappers still running 60s after convergence")
-        return row
-
-
-def _alive(pid: int) -> bool:
-    """A torture child with this pid is still running (not a stranger that reused it)."""
-    fields = proc_stat(pid)
-    if fields is None or fields[0] in ("Z", "X"):
-        return False
-    try:
-        return b"child.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
 
 
 # -- owner faults ------------------------------------------------------------------------------
@@ -545,7 +352,8 @@ class ServerRestarts(Background):
         pause = self.rng.uniform(*self.down)
         time.sleep(pause)
         backend.server_up()  # type: ignore[attr-defined]
-        self.add(Fault("server restart", t0, time.time(), detail=f"down {pause:.1f}s"))
+        self.add(Fault("server restart", t0, time.time(), detail=f"down {pause:.1f}s",
+                       db=True))
 
     def finish(self, storm: Storm) -> None:
         super().finish(storm)
@@ -561,7 +369,8 @@ class ConnectionKills(Background):
         t0 = time.time()
         killed = storm.backend.kill_connections(storm.url)
         if killed:
-            self.add(Fault("connections killed", t0, time.time(), detail=str(killed)))
+            self.add(Fault("connections killed", t0, time.time(), detail=str(killed),
+                           db=True))
 
 
 class SqliteLocks(Background):
@@ -585,6 +394,7 @@ class SqliteLocks(Background):
             pause = self.rng.uniform(*self.hold)
             time.sleep(pause)
             conn.execute("ROLLBACK")
-            self.add(Fault("write lock held", t0, time.time(), detail=f"{pause:.1f}s"))
+            self.add(Fault("write lock held", t0, time.time(), detail=f"{pause:.1f}s",
+                           db=True))
         finally:
             conn.close()

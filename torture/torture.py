@@ -11,9 +11,14 @@ creates and drops):
 3. database faults: the embedded PostgreSQL server stopped and restarted mid-run;
    connections killed server-side (pg_terminate_backend, MariaDB KILL CONNECTION); SQLite's
    write lock held by an outsider; MariaDB duplicate-key deadlocks (three sessions);
-4. clocks: wrappers whose wall clock runs 10 minutes fast (libfaketime) or an owner 10
-   minutes slow; ledger sessions in far-apart time zones;
-5. bad input: hypothesis-generated argument vectors for run, catchup and periods.
+4. mixed fleet: a storm of callers that disagree (--stale-after 2-8 s, --kill-after from 1 s
+   to a third of it, catch-ups, reruns, cron-like fires) while guards are killed, wrappers
+   killed, stopped and continued, every `once` process killed at once, and an outsider
+   locks the running rows (SQLite: the write lock);
+5. clocks: wrappers whose wall clock runs 10 minutes fast, an owner 10 minutes slow, one host
+   clock stepped 10 minutes forward mid-run (libfaketime, on every backend), hosts behind and
+   ahead by more than a period; ledger sessions in far-apart time zones;
+6. bad input: hypothesis-generated argument vectors for run, catchup and periods.
 
 Each backend gets a table:
 
@@ -31,8 +36,19 @@ Each backend gets a table:
                not record in time is run again as the README says (exit 75; or 70 when the
                late write found the claim taken over): counted as "redone" in the notes, not
                lost (see storm.py)
+    overlap    (storms, clocks) seconds two attempts of one period ran side by side, by the
+               period's flock that every command holds (must be 0)
+    twice      (storms) periods whose work was finished twice without a rerun or a
+               documented cause (must be 0)
+    never done (storms) periods the ledger does not say done by a finished command (0)
+    redone     (storms) periods redone after an outage, of the storm's periods (the outage
+               storms: at most 10%)
+    wrong-clock claims   (clocks) periods claimed by a host whose clock was off by more than
+               the --max-clock-skew it checks (must be 0)
+    live owners taken over   (clocks) claims taken from an owner that was alive (must be 0)
     notes      counts that explain the figures (exit statuses, takeovers, deadlock victims)
 
+Under each table, one line totals those figures for the backend.
 A row marked n/a does not apply to the backend (tried 0). Exits 1 when anything was lost,
 0 otherwise. Details of every loss follow the tables.
 
@@ -40,7 +56,7 @@ Environment: TORTURE_SCALE (default 1.0) scales every count; TORTURE_BACKENDS (d
 sqlite,postgresql,mariadb); TORTURE_POSTGRES_URL (default: an embedded server of the
 torture's own, which it may stop and restart); TORTURE_MARIADB_URL (default
 mariadb://root@127.0.0.1:3306/test); TORTURE_SCENARIOS (default
-contention,owner,database,clocks,input); TORTURE_SEED; TORTURE_KEEP=1 keeps the work
+contention,owner,database,fleet,clocks,input); TORTURE_SEED; TORTURE_KEEP=1 keeps the work
 directory (logs of every process) even when nothing was lost.
 """
 
@@ -63,12 +79,14 @@ import badinput
 import clocks
 import contention
 import faults
+import fleet
 from common import Backend, Config, Row, make_backend, remove_tree
 
 SCENARIOS: dict[str, Callable[[Config, Backend, Path], list[Row]]] = {
     "contention": contention.run,
     "owner": faults.owner_faults,
     "database": faults.database_faults,
+    "fleet": fleet.run,
     "clocks": clocks.run,
     "input": badinput.run,
 }
@@ -148,15 +166,50 @@ def main() -> int:
 
 
 def render(title: str, rows: list[Row]) -> str:
-    """A Markdown table (readable as text, pasteable into the README)."""
-    lines = [f"**{title}**", "", "| scenario | tried | held | lost | notes |",
-             "| --- | ---: | ---: | ---: | --- |"]
+    """A Markdown table (readable as text, pasteable into the README), then the backend's
+    figures that must be 0 (or, for redone, at most 10% of the outage storms' periods)."""
+    lines = [f"**{title}**", "",
+             "| scenario | tried | held | lost | overlap | twice | never done | redone "
+             "| wrong-clock claims | live owners taken over | notes |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         tried = str(r.tried) if r.tried or not r.notes or not r.notes[0].startswith("n/a") \
             else "n/a"
-        notes = "; ".join(r.notes).replace("|", "/")
-        lines.append(f"| {r.scenario} | {tried} | {r.held} | {r.lost} | {notes} |")
-    return "\n".join(lines)
+        overlap = "" if r.overlap is None else f"{r.overlap:.1f} s"
+        redone = "" if r.redone is None else _fraction(*r.redone)
+        cells = [r.scenario, tried, str(r.held), str(r.lost), overlap, _count(r.twice),
+                 _count(r.never), redone, _count(r.wrong_clock), _count(r.live_takeovers),
+                 "; ".join(r.notes).replace("|", "/")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join([*lines, "", totals(rows)])
+
+
+def totals(rows: list[Row]) -> str:
+    """One line of the figures the issues ask for, over the backend's rows."""
+    def total(values: list[int | None]) -> int:
+        return sum(v for v in values if v is not None)
+
+    overlap = sum(r.overlap for r in rows if r.overlap is not None)
+    outage = [r.redone for r in rows if r.redone is not None and r.scenario.startswith(
+        OUTAGE_STORMS)]
+    redone = _fraction(sum(p for p, _ in outage), sum(w for _, w in outage))
+    return (f"Overlap {overlap:.1f} s; done twice {total([r.twice for r in rows])}; never "
+            f"done {total([r.never for r in rows])}; redone after outages {redone} of the "
+            f"outage storms' periods; periods claimed under a wrong clock "
+            f"{total([r.wrong_clock for r in rows])}; takeovers of a live owner "
+            f"{total([r.live_takeovers for r in rows])}.")
+
+
+# The storms whose faults are the ledger's (faults.database_faults, the fleet's row locks).
+OUTAGE_STORMS = ("server restarts", "connection kills", "write locks", "mixed fleet")
+
+
+def _count(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def _fraction(part: int, whole: int) -> str:
+    return f"{part}/{whole} ({100 * part / whole:.0f}%)" if whole else "0"
 
 
 if __name__ == "__main__":
