@@ -10,7 +10,11 @@
    ONCE_BENCH_PGBOUNCER_URL is set): exit statuses, runs (must be 1), time to decision;
 5. the wrapper's memory while the command runs: PSS of `once run` and its guard, on
    PostgreSQL (goal <= 35 MiB together);
-6. report times over 100 jobs x 10,000 periods (goal < 0.5 s for status and check).
+6. report times over 100 jobs x 10,000 periods (goal < 0.5 s for status and check);
+7. the output relay (bench/output.py): 1 GiB through `once run` against directly (goal: a
+   ratio >= 0.8), the delay it adds to a line written every 10 ms (goal: p99 < 5 ms), the
+   wrapper's PSS with capture on and off while the command writes (goal: within 2 MiB).
+   `BENCH_ONLY=output` runs these rows alone; BENCH_OUTPUT_MIB makes the first smaller.
 
 Each figure is printed beside its goal, with "ok" or "OVER GOAL".
 
@@ -222,6 +226,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         db = directory / "ledger.db"
+        sys.path.insert(0, str(Path(__file__).parent))
+        import output
+
+        if os.environ.get("BENCH_ONLY") == "output":
+            output.run(f"sqlite:///{db}")
+            return
         compare("sqlite", f"sqlite:///{db}", bare_script("sqlite", directory), str(db), 1.3)
         pg = postgres_url()
         target = ledger.parse_url(pg)
@@ -230,8 +240,8 @@ def main() -> None:
         catchup_overhead("sqlite", f"sqlite:///{db}")
         catchup_overhead("postgresql", pg)
         wrapper_memory("postgresql", pg)
+        output.run(f"sqlite:///{db}")
         if os.environ.get("BENCH_SKIP_FLEET") != "1":
-            sys.path.insert(0, str(Path(__file__).parent))
             import fleet
 
             fleet.run(pg)
