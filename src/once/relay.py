@@ -15,16 +15,19 @@ nothing of that stream is captured.
 The relay threads never touch the lease: the heartbeat and the deadline live on other threads,
 and os.read/os.write release the GIL. Where it ends:
 
-- the command's end (the guard's report): what is still in the pipes is relayed, and the
-  relay keeps reading until every writer has closed it or DRAIN seconds have passed (a
-  background process of the command that keeps stdout open: once does not wait for it).
-  Then once closes its end: what writes to it later gets EPIPE (SIGPIPE).
+- the command's end (the guard's report): the relay keeps reading until every writer has
+  closed the pipe, or for DRAIN seconds (a background process of the command that keeps
+  stdout open: once does not wait for it). Then it relays what the pipe holds at that moment
+  (all the command wrote: it has ended), at whatever pace the reader reads, and closes its
+  end: what writes to it later gets EPIPE (SIGPIPE). Meanwhile the wrapper keeps renewing
+  the claim (once.runner): a slow reader holds the period as it would hold the command.
 - the reader of once's output goes away (EPIPE, `once run ... | head -1`): once closes the
   command's pipe too, so that the command sees a broken pipe as it would have without once.
   Any other write error (a full disk) drops the rest of that stream's output, and the tail
   is still kept.
 - a reader that stops reading: the relay waits in its write as the command would have, and
-  the command blocks once the pipe is full; once does not wait for it after DRAIN.
+  the command blocks once the pipe is full; after the command's end, once waits for it
+  until a signal tells once to stop (then the result is recorded and the rest is dropped).
 
 Stdlib only: imported by `once run` when it relays.
 """
@@ -174,12 +177,12 @@ class Relay:
         thread.start()
         self._threads.append(thread)
 
-    def finish(self, drain: float = DRAIN) -> bytes:
-        """The command has ended: relay what is left (up to `drain` seconds), then stop and
-        return the tail. A thread stuck in a write to a reader that stopped reading is left
-        behind (it closes its pipe itself if it ever gets out)."""
-        if not self.active:
-            return b""
+    def end(self, drain: float = DRAIN) -> None:
+        """The command has ended: from `drain` seconds on, each stream relays what its pipe
+        holds then and stops (see the module's docstring). Once only: a second call, as on
+        the way out of an error, changes nothing."""
+        if not self.active or self._until is not None:
+            return
         self._until = time.monotonic() + drain
         os.write(self._wake_w, b"x")
         for read in self.idle():
@@ -187,11 +190,25 @@ class Relay:
                 self.stirred(read)  # its last bytes, or its end
             else:
                 self._take(read)  # a process of the group holds it: wait for it to drain
+
+    def running(self) -> bool:
+        """Whether a stream is still being relayed."""
+        return any(thread.is_alive() for thread in self._threads)
+
+    def join(self, timeout: float) -> None:
+        """Wait up to timeout seconds for the streams to end."""
+        until = time.monotonic() + timeout
         for thread in self._threads:
-            thread.join(max(0.0, self._until - time.monotonic()) + 0.1)
-        if not any(thread.is_alive() for thread in self._threads):
+            thread.join(max(0.0, until - time.monotonic()))
+
+    def output(self) -> bytes:
+        """The tail; the wake pipe is closed once no stream is relayed (a thread left behind
+        still writing to a reader that stopped reading closes its own pipe if it ever gets
+        out)."""
+        if self.active and self._wake_r >= 0 and not self.running():
             os.close(self._wake_r)
             os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
         return self.tail.value()
 
     def close_unforked(self) -> None:
@@ -210,34 +227,48 @@ class Relay:
         out = _Destination(destination)
         waking = True
         capacity = _pipe_size(read)
+        budget: int | None = None  # past the drain's end: what the pipe held then, to relay
         try:
             while True:
                 until = self._until
-                timeout = None if until is None else max(0.0, until - time.monotonic()) * 1000
-                events = dict(poller.poll(timeout))
-                if waking and self._wake_r in events:
-                    poller.unregister(self._wake_r)  # the drain's end is set: wait for it
-                    waking = False
-                    continue
-                if read not in events:
-                    if until is not None and time.monotonic() >= until:
-                        return  # drained: a process of the command's group holds the pipe
-                    continue
-                waiting = _waiting(read)
-                if waiting >= capacity > 0:  # a fast writer: a bigger pipe, fewer wake-ups
-                    capacity = _grow(read, capacity)
-                # The bytes before the pipe's last `limit` can never be in the tail: they are
-                # moved without a copy where the kernel can (splice).
-                if waiting > self.tail.limit + SPLICE_MIN and out.moves(read,
-                                                                        waiting - self.tail.limit):
-                    self.tail.truncated = True  # what went before the last `limit` bytes
-                    continue
+                if budget is None and until is not None and time.monotonic() >= until:
+                    # The command's last bytes are all in the pipe by now (it has ended):
+                    # they are relayed at the reader's pace; what its group writes later is
+                    # not waited for.
+                    budget = _waiting(read)
+                if budget is not None:
+                    if budget <= 0:
+                        return
+                    size = min(CHUNK, budget)
+                else:
+                    timeout = None if until is None else max(0.0, until - time.monotonic())
+                    events = dict(poller.poll(None if timeout is None else timeout * 1000))
+                    if waking and self._wake_r in events:
+                        poller.unregister(self._wake_r)  # the drain's end is set: wait for it
+                        waking = False
+                        continue
+                    if read not in events:
+                        continue  # the drain's end: decided above
+                    waiting = _waiting(read)
+                    if waiting >= capacity > 0:  # a fast writer: a bigger pipe, fewer wake-ups
+                        capacity = _grow(read, capacity)
+                    # The bytes before the pipe's last `limit` can never be in the tail: they
+                    # are moved without a copy where the kernel can (splice).
+                    limit = self.tail.limit
+                    if waiting > limit + SPLICE_MIN and out.moves(read, waiting - limit):
+                        self.tail.truncated = True  # what went before the last `limit` bytes
+                        continue
+                    size = CHUNK
                 try:
-                    data = os.read(read, CHUNK)
+                    data = os.read(read, size)
                 except BlockingIOError:
+                    if budget is not None:
+                        return
                     continue
                 if not data:
                     return  # every writer has closed it
+                if budget is not None:
+                    budget -= len(data)
                 out.write(data)
                 self.tail.add(data)
                 if out.gone:

@@ -240,29 +240,17 @@ def run(
             raise
         if relay is not None:
             relay.forked()
-            supervisor.relay = relay
+            supervisor.relay, supervisor.tty = relay, tty
         if on_start is not None:
             on_start()
         try:
-            outcome = supervisor.wait(guard, report)
+            return supervisor.wait(guard, report)
         finally:
             os.close(report)
             if tty is not None:
                 _guard.take_terminal(tty, os.getpgrp())
-            # The command has ended: what its group still writes is relayed for a moment.
-            output = relay.finish(_drain(lease)) if relay is not None else None
-    return replace(outcome, output=output) if output_tail else outcome
-
-
-def _drain(lease: Lease | None) -> float:
-    """How long the relay may go on reading after the command's end: once.relay.DRAIN, and
-    at most half of what is left of the lease, so that the final write still lands before
-    the row could be taken over (no renewal is sent meanwhile)."""
-    from once.relay import DRAIN
-
-    if lease is None:
-        return DRAIN
-    return max(0.0, min(DRAIN, (lease.deadline - lease_now()) / 2))
+            if relay is not None:
+                relay.end(0.0)  # on the way out of an error: no waiting for the rest
 
 
 def _relay(output_tail: int) -> Relay | None:
@@ -320,6 +308,7 @@ class _Supervisor:
         self.ignored = frozenset(sig for sig in FORWARDED
                                  if signal.getsignal(sig) == signal.SIG_IGN)
         self.relay: Relay | None = None  # its idle pipes are watched here (once.relay)
+        self.tty: int | None = None  # the terminal to take back before the relay's last bytes
         self.stop_heartbeat = threading.Event()
         # Started when the first renewal is due: a command that ends sooner (most of a
         # catch-up's) never needs it, nor the cost of creating it.
@@ -366,6 +355,7 @@ class _Supervisor:
         self.timeout_at = lease_now() + self.timeout if self.timeout else None
         try:
             text = self._loop()
+            output = self._deliver() if self.relay is not None else None
         finally:
             self.stop_heartbeat.set()
         beat = self.beat
@@ -375,7 +365,26 @@ class _Supervisor:
             assert self.lease is not None
             beat.join(max(1.0, self.lease.deadline - lease_now()))
             self.lease.stranded = beat.is_alive()
-        return self._outcome(text)
+        return replace(self._outcome(text), output=output)
+
+    def _deliver(self) -> bytes:
+        """The command has ended: the relay delivers what it left in the pipes (once.relay),
+        at the reader's pace, while the claim is renewed as it was while the command ran: a
+        slow reader of once's output holds the period as it would have held the command.
+        Cut short by a signal to once, or by the lease's loss: the result comes first."""
+        relay = self.relay
+        assert relay is not None
+        if self.tty is not None:  # `once run ... | less`: less reads the keyboard meanwhile
+            _guard.take_terminal(self.tty, os.getpgrp())
+        relay.end()
+        lease = self.lease
+        while relay.running() and not self.pending:
+            if lease is not None:
+                if lease.lost or lease.expired:
+                    break
+                self._beat_if_due(lease_now())
+            relay.join(0.2)
+        return relay.output()
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum != signal.SIGCHLD:
@@ -459,11 +468,8 @@ class _Supervisor:
             sig = self.pending.pop(0)
             self.forwarded = sig
             self._stop(sig, now)
+        self._beat_if_due(now)
         lease = self.lease
-        if (lease is not None and self.beat is None
-                and now >= lease.last_sent + lease.interval):
-            self.beat = threading.Thread(target=self._heartbeat, daemon=True)
-            self.beat.start()
         if (lease is not None and self.why is None and not self.ended
                 and (lease.lost or now >= lease.deadline - self.grace)):
             self.why = "fenced-out"
@@ -478,6 +484,14 @@ class _Supervisor:
         if (self.kill_at is not None and now >= self.kill_at) or (dead_line and not self.killed):
             self._killpg(signal.SIGKILL)
             self.kill_at = None
+
+    def _beat_if_due(self, now: float) -> None:
+        """Start the heartbeat thread when the first renewal is due."""
+        lease = self.lease
+        if (lease is not None and self.beat is None
+                and now >= lease.last_sent + lease.interval):
+            self.beat = threading.Thread(target=self._heartbeat, daemon=True)
+            self.beat.start()
 
     def _stop(self, sig: int, now: float) -> None:
         """Send sig to the command's group now; SIGKILL follows after the grace."""

@@ -92,6 +92,40 @@ def test_one_destination_for_both_keeps_their_interleaving(
     assert output.endswith("the end, no newlineerr end")
 
 
+def test_a_file_opened_for_appending_gets_every_byte(ledger_url: str, once_env: dict[str, str],
+                                                     tmp_path: Path) -> None:
+    # `>>log 2>&1`: the kernel refuses to splice into a file opened O_APPEND; the relay
+    # falls back to reading and writing, and the interleaving is the command's own.
+    command = writer(tmp_path)
+    expected, got = tmp_path / "direct.log", tmp_path / "once.log"
+    for path, argv in ((expected, command),
+                       (got, [ONCE, "run", "--job", "out", *DAY, "--", *command])):
+        path.write_bytes(b"before\n")
+        with path.open("ab") as log:
+            assert subprocess.run(argv, env=once_env, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=120).returncode == 0
+    assert got.read_bytes() == expected.read_bytes()
+    [(_, _, _, output)] = stored(ledger_url)
+    assert output.endswith("the end, no newlineerr end")
+
+
+def test_catchup_and_rerun_store_each_attempts_output(once_env: dict[str, str],
+                                                      ledger_url: str) -> None:
+    catchup = run_once("catchup", "--job", "back", *DAY, "--since", "2026-10-24", "--until",
+                       "2026-10-25", "-q", "--", "sh", "-c", 'echo "made up $ONCE_PERIOD"',
+                       env=once_env)
+    assert catchup.returncode == 0, catchup.stderr
+    rerun = run_once("rerun", "--job", "back", "--period", "2026-10-24", "--", "sh", "-c",
+                     'echo "again $ONCE_ATTEMPT"; exit 5', env=once_env)
+    assert rerun.returncode == 5, rerun.stderr
+    rows = query(ledger_url, "SELECT period, attempt, output FROM once_attempts "
+                             "WHERE job = 'back' ORDER BY period, attempt")
+    assert rows == [("2026-10-24", 1, "made up 2026-10-24\n"), ("2026-10-24", 2, "again 2\n"),
+                    ("2026-10-25", 1, "made up 2026-10-25\n")]
+    shown = run_once("logs", "back", "--period", "2026-10-24", env=once_env)
+    assert shown.stdout.splitlines()[1:] == ["again 2"]
+
+
 def test_a_tail_over_the_limit_keeps_the_last_bytes(once_env: dict[str, str],
                                                     ledger_url: str) -> None:
     command = ["sh", "-c", 'i=0; while [ $i -lt 5000 ]; do echo "line $i"; i=$((i+1)); done']
@@ -161,10 +195,35 @@ def test_a_background_child_holding_the_pipe_does_not_hold_once(
     try:
         assert result.returncode == 0
         assert result.stdout == b"left it running\n"
-        assert took < 30, took  # the relay stops a moment after the command's end
+        assert took < 15, took  # the relay stops 1 s after the command's end
         assert stored(ledger_url) == [(1, "done", 0, "left it running\n")]
     finally:
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_a_slow_reader_still_gets_every_byte(once_env: dict[str, str],
+                                             ledger_url: str) -> None:
+    # The command writes 2 MB and ends long before its reader has read it: without once the
+    # pipe would hold the rest for the reader; with once, the relay delivers it all before
+    # once ends, however long the reader takes, and the stored tail is its end.
+    size = 2_000_000
+    # --stale-after 3: the claim is renewed while the reader takes its time (a lease left
+    # to expire would cut the delivery short).
+    proc = subprocess.Popen([ONCE, "run", "--job", "slow", *DAY, "--stale-after", "3", "--",
+                             sys.executable, "-c",
+                             f"import os; os.write(1, bytes(range(256)) * {size // 256})"],
+                            env=once_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    got = bytearray()
+    while chunk := proc.stdout.read1(64 * 1024):
+        got += chunk
+        time.sleep(0.2)  # about 330 kB/s: seconds after the command has ended
+    assert proc.wait(60) == 0, proc.stderr.read() if proc.stderr else ""
+    assert got == bytes(range(256)) * (size // 256)
+    [(_, outcome, _, output)] = stored(ledger_url, "slow")
+    assert outcome == "done"
+    assert output == decoded(bytes(range(256)) * 64)[-len(output):]
+    assert len(output.encode("utf-8", "surrogatepass")) >= 16 * 1024 - 3
 
 
 def test_on_a_terminal_nothing_is_captured_and_the_command_owns_it(
