@@ -305,6 +305,8 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
             f"the ledger stayed unreachable past the deadline ({lease.last_error})")
         say(f"{what}: fenced out: {why}; the command was stopped and nothing was recorded",
             settings, ERROR, "fenced-out")
+        if lease.lost and not lease.stranded:  # the ledger answers: keep what it said
+            keep_output(ledger, job, key, claim, outcome.output, lease)
         return Result("fenced-out", EXIT_FENCED_OUT, outcome.output)
     if outcome.kind == "exec-failed":
         say(f"cannot run {command[0]!r}: {outcome.message}", settings, ERROR, "exec-failed")
@@ -334,6 +336,7 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
             why = "the job's watermark moved while the command ran"
         say(f"{what}: fenced out: the final write matched no row ({why}); nothing was "
             f"recorded", settings, ERROR, "fenced-out")
+        keep_output(ledger, job, key, claim, output, lease)
         return Result("fenced-out", EXIT_FENCED_OUT, output)
     if outcome.kind == "timed-out":
         say(f"{what}: timed out after --timeout {settings.timeout:g}s; recorded failed",
@@ -347,6 +350,24 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
     if status == "failed" and outcome.status == 0:
         return Result("failed", 1, output)
     return Result(status, outcome.status, output)
+
+
+def keep_output(ledger: Ledger, job: Job, key: str, claim: Claim, output: bytes | None,
+                lease: Lease) -> None:
+    """A fenced-out attempt's output, into its own attempt row (`once logs` shows what it
+    said before it was stopped): best effort, one bounded statement, never an error."""
+    if output is None:
+        return
+    from once.relay import text
+    from once.runner import NoAnswer
+
+    try:
+        lease.call(lambda: ledger.keep_output(job.name, key, claim.attempt, text(output)),
+                   until=lease.now())
+    except NoAnswer:
+        ledger.abandon()  # the statement still waits on the connection: never close it
+    except LedgerError:
+        pass
 
 
 def _signal_name(number: int) -> str:

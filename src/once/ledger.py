@@ -407,6 +407,24 @@ class Ledger:
         """Let go of a won period's liveness lock (SQLite) once its result is recorded or
         lost; nothing elsewhere. Closing the ledger releases every lock it holds."""
 
+    # A fenced-out attempt's output goes into its own once_attempts row, which no other
+    # attempt writes; the period's row is not touched.
+    KEEP_OUTPUT = """
+        UPDATE once_attempts SET output = %(output)s
+        WHERE job = %(job)s AND period = %(period)s AND attempt = %(attempt)s
+          AND output IS NULL"""
+
+    def keep_output(self, job: str, key: str, attempt: int, output: str) -> None:
+        """Store the output of our attempt after it was fenced out."""
+        params = {"job": job, "period": key, "attempt": attempt, "output": output}
+        with self._errors("cannot store the output in"):
+            self.connect()
+            self._write(self.KEEP_OUTPUT, params)
+
+    def _write(self, sql: str, params: dict[str, Any]) -> None:
+        """One statement that changes rows, committed."""
+        raise NotImplementedError
+
     FINISHED_BY = """
         SELECT status FROM once_runs
         WHERE job = %(job)s AND period = %(period)s AND attempt = %(attempt)s
@@ -788,6 +806,14 @@ class SqliteLedger(Ledger):
         with self._transaction() as cur:
             return bool(cur.execute(self.RENEW, params).rowcount == 1)
 
+    KEEP_OUTPUT = """
+        UPDATE once_attempts SET output = :output
+        WHERE job = :job AND period = :period AND attempt = :attempt AND output IS NULL"""
+
+    def _write(self, sql: str, params: dict[str, Any]) -> None:
+        with self._transaction() as cur:
+            cur.execute(sql, params)
+
     def _finish(self, params: dict[str, Any]) -> bool:
         with self._transaction() as cur:
             if cur.execute(self.FINISH_RUN, params).rowcount != 1:
@@ -1134,6 +1160,9 @@ class PostgresLedger(Ledger):
     def _renew(self, params: dict[str, Any]) -> bool:
         return bool(self._execute(self.RENEW, params).rowcount == 1)
 
+    def _write(self, sql: str, params: dict[str, Any]) -> None:
+        self._execute(sql, params)
+
     def _finish(self, params: dict[str, Any]) -> bool:
         (count,) = self._execute(self.FINISH, params).fetchone()
         return bool(count == 1)
@@ -1364,6 +1393,14 @@ class MysqlLedger(Ledger):
             self._rollback()
             raise
         return bool(matched == 1)
+
+    def _write(self, sql: str, params: dict[str, Any]) -> None:
+        try:
+            self._conn.cursor().execute(sql, params)
+            self._conn.commit()
+        except Exception:
+            self._rollback()
+            raise
 
     def _finish(self, params: dict[str, Any]) -> bool:
         try:

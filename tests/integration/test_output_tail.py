@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ONCE, run_once
+from helpers import ONCE, run_once, wait_for
 from ledger_sql import query
 from procs import Terminal
 
@@ -174,6 +174,25 @@ def test_a_forwarded_sigterm_keeps_what_the_command_said(once_env: dict[str, str
     [(_, outcome, code, output)] = stored(ledger_url, "s")
     assert (outcome, code) == ("interrupted", 143)
     assert output.startswith("ready\n") and "got TERM\n" in output  # sh may say more
+
+
+def test_a_fenced_out_attempt_keeps_what_it_said(once_env: dict[str, str], ledger_url: str,
+                                                 tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    proc = subprocess.Popen([ONCE, "run", "--job", "fenced", *DAY, "--stale-after", "3", "--",
+                             "sh", "-c", f'echo "working on it"; touch {started}; exec sleep 60'],
+                            env=once_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(started.exists, what="the command to start")
+    # Another attempt takes the period's row: the next renewal finds it gone.
+    query(ledger_url, "UPDATE once_runs SET attempt = 2, fence = fence + 10 "
+                      "WHERE job = 'fenced'")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 70, err
+    assert out == b"working on it\n"
+    [(attempt, outcome, code, output)] = stored(ledger_url, "fenced")
+    assert (attempt, outcome, code, output) == (1, None, None, "working on it\n")
+    shown = run_once("logs", "fenced", "--attempt", "1", env=once_env)
+    assert shown.stdout.splitlines()[1:] == ["working on it"], shown.stderr
 
 
 def test_a_command_that_closes_stdout_early(once_env: dict[str, str], ledger_url: str) -> None:
