@@ -149,7 +149,7 @@ def redact(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return re.sub(r"(://[^/?#@:]*):[^/?#@]*@", r"\1:***@", url)
-    if parts.password is None:
+    if not parts.password:  # none, or empty: nothing to hide, and *** would claim one
         return url
     userinfo, _, hostinfo = parts.netloc.rpartition("@")
     user = userinfo.partition(":")[0]

@@ -95,3 +95,8 @@ def test_redact_hides_a_password_given_in_the_query() -> None:
                 "postgresql://u:secret@h/db?password=secret", "postgresql://[::1/x?password=secret"):
         assert "secret" not in redact(url), redact(url)
     assert redact("postgresql://u@h/db?sslmode=require") == "postgresql://u@h/db?sslmode=require"
+
+
+def test_redact_leaves_an_empty_password_as_it_is() -> None:
+    # Nothing to hide, and `***` would tell the reader there is a password.
+    assert redact("postgresql://u:@/db?host=/tmp") == "postgresql://u:@/db?host=/tmp"
