@@ -399,11 +399,12 @@ the command may use to guard its own writes against an owner that lost its claim
 
 A failed period is tried again by the next `once run` that fires within it, so a crontab that
 fires every few minutes retries failures and costs one short transaction once the period is
-done. `once catchup` and `once run --catchup` make up periods nobody ran, oldest first, each
-claimed exactly as `once run` claims it; `once rerun` runs a done or failed period again.
-`once status`, `once history`, `once check`, `once metrics` and `once serve` (a read-only
-dashboard, `/metrics` for Prometheus and `/healthz`) make absence loud; `once logs` prints
-what an attempt said, the tail of its output kept in the ledger.
+done. `once catchup` and `once run --catchup` make up every period that needs a run (nobody
+ran it, its owner died, or it failed with attempts left), also behind the latest done one,
+oldest first, each claimed exactly as `once run` claims it; `once rerun` runs a done or
+failed period again. `once status`, `once history`, `once check`, `once metrics` and
+`once serve` (a read-only dashboard, `/metrics` for Prometheus and `/healthz`) make absence
+loud; `once logs` prints what an attempt said, the tail of its output kept in the ledger.
 
 The table `once_runs` is public, for monitoring to read: `job` and `period` (the primary key),
 `status` (`running`, `done` or `failed`), `attempt` (from 1), `fence`, `owner` (host name and

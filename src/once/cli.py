@@ -297,10 +297,10 @@ def verbosity_options(func: F) -> F:
 @schedule_options
 @ledger_options
 @liveness_options
-@click.option("--catchup", default=0, show_default=True, type=click.IntRange(min=0),
+@click.option("--catchup", default=0, show_default=True, type=click.IntRange(0, limits.CATCHUP_MAX),
               metavar="N",
-              help="First make up to N missed periods after the latest done one, oldest "
-                   "first.")
+              help="First make up every one of the N periods before this one that needs a "
+                   "run (missing, stale, or failed with attempts left), oldest first.")
 @click.option("--skipped-exit-code", default=0, show_default=True,
               type=click.IntRange(0, 255), metavar="N",
               help="Exit status when the period is skipped.")
@@ -348,11 +348,10 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
     period = core.current_period(sched, lag)
     with ledger_for(target, stale_after) as ledger:
         if catchup:
-            try:
-                missed = core.missing_periods(ledger, the_job, sched, None,
-                                              sched.previous(period))[:catchup]
-            except core.NothingToResume:
-                missed = []  # a first run has nothing to make up
+            # The last N periods before this one, from the job's first on.
+            missed = core.missing_periods(ledger, the_job, sched,
+                                          sched.shifted(period, -catchup),
+                                          sched.previous(period), from_first=True)
             status = core.catch_up(ledger, the_job, missed, command, settings)
             if status:
                 return status

@@ -45,12 +45,12 @@ from once.escape import shown
 @schedule_options
 @ledger_options
 @click.option("--since", metavar="P", help="First period: a key, a date or an ISO instant "
-              "[default: the period after the latest done one].")
+              "[default: the job's first period].")
 @click.option("--until", metavar="P", help="Last period, included [default: the period "
               "once run would claim now].")
 @click.option("--max", "max_count", type=click.IntRange(min=1), metavar="N",
               envvar="ONCE_CATCHUP_MAX",
-              help="Run at most the N oldest missing periods.")
+              help="Run at most the N oldest periods that need a run.")
 @click.option("--keep-going", is_flag=True, help="Go on after a failed period; exit with the "
               "first failure's status.")
 @click.option("--dry-run", is_flag=True, help="List the periods that would run; run nothing.")
@@ -67,7 +67,9 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
             max_attempts: int, state: bool, shards: int, version_tag: str | None,
             output_tail: int, max_clock_skew: float, verbose: int, quiet: bool,
             log_format: str, command: tuple[str, ...]) -> int:
-    """Run COMMAND for every period in [--since, --until] that has no done row, oldest first.
+    """Run COMMAND for every period in [--since, --until] that needs a run, oldest first:
+    missing, stale, or failed with attempts left (what once check reports, but a period
+    failed with no attempts left, which takes once rerun).
 
     Each period is claimed exactly as once run claims it, so catch-ups on several machines
     split the work and never run a period twice. Stops at the first failure with its status
@@ -89,10 +91,9 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
         core.refuse_future(last, "--until")
     with ledger_for(target, stale_after) as ledger:
         try:
-            todo = core.missing_periods(ledger, the_job, sched, first, last)
+            todo = core.missing_periods(ledger, the_job, sched, first, last, max_count)
         except core.NothingToResume as exc:
             raise click.UsageError(str(exc)) from None
-        todo = todo[:max_count] if max_count else todo
         if dry_run:
             for period in todo:
                 click.echo(f"{period.key} {iso(period.start)} {iso(period.end)}")
@@ -334,8 +335,9 @@ def seed_job(name: str, every: str | None, cron: str | None,
 def prune(db: str | None, db_password_file: str | None, namespace: str | None,
           older_than: float, dry_run: bool) -> int:
     """Delete old history and done rows; never a running or failed row, never a job's latest
-    done row (catch-up resumes from it). Every attempt of a deleted row goes with it. Lists
-    jobs idle for longer than --older-than."""
+    done row, never a done row after the job's oldest gap (catch-up and check count them).
+    Every attempt of a deleted row goes with it. Lists jobs idle for longer than
+    --older-than."""
     from once import prune as pruning
 
     target = open_target(db, db_password_file)

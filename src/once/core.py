@@ -479,32 +479,57 @@ class StateFile:
 
 
 class NothingToResume(ValueError):
-    """Catch-up without --since for a job that has no done period yet (a usage error)."""
+    """Catch-up without --since for a job that has never run (a usage error)."""
 
 
 def missing_periods(ledger: Ledger, job: Job, schedule: Schedule, since: Period | None,
-                    until: Period) -> list[Period]:
-    """The periods in [since, until] without a done row, oldest first.
+                    until: Period, limit: int | None = None,
+                    from_first: bool = False) -> list[Period]:
+    """The periods in [since, until] that need a run, oldest first, at most limit: a period
+    with a unit (a shard) that has no row, or a running row past its owner's promise, or a
+    failed row with attempts left (once.gaps.needs_run). The same gap finder as `once check`.
 
-    since defaults to the period after the job's latest done one (with shards: that period
-    itself while one of its shards is not done).
+    since defaults to the job's first period (raises NothingToResume for a job that has never
+    run); from_first: never look before it (`once run --catchup`: a first run has nothing to
+    make up).
     """
-    shards = [None] if job.shards == 1 else list(range(job.shards))
+    import heapq
 
-    def done(period: Period, known: dict[str, str]) -> bool:  # when every shard is done
-        return all(known.get(shard_key(period, i)) == "done" for i in shards)
+    from once import gaps  # not on the hot path of a plain `once run`
 
-    if since is None:
-        last = ledger.latest_done(job.name)
-        if last is None:
-            raise NothingToResume(f"job {job.name} has no done period yet: give --since")
-        since = schedule.containing(last)
-        if job.shards == 1 or done(since, ledger.statuses(job.name, since.start, since.end)):
-            since = schedule.next(since)
-    if since.start.astimezone(UTC) > until.start.astimezone(UTC):  # fold-safe
+    first, latest = ledger.job_span(job.name)
+    if first is None:
+        if from_first:
+            return []
+        if since is None:
+            raise NothingToResume(f"job {job.name} has never run: give --since")
+    elif since is None or from_first:
+        first_period = schedule.containing(first)
+        if since is None or _utc(since.start) < _utc(first_period.start):
+            since = first_period
+    assert since is not None
+    lo, hi = _utc(since.start), _utc(until.end)
+    if lo > _utc(until.start):
         return []
-    known = ledger.statuses(job.name, since.start, until.end)
-    return [p for p in schedule.between(since, until) if not done(p, known)]
+    rows = [gaps.OpenRow(*row) for row in ledger.open_rows(job.name, lo, hi)]
+    finder = gaps.GapFinder(schedule, job.shards, ledger.rows(job.name),
+                            [(r.start, r.key) for r in rows], latest)
+    # Both streams are in order of period start; a period may come from both, or several times.
+    made_up = ((r.start, schedule.containing(r.start)) for r in rows
+               if gaps.needs_run(r, job.max_attempts))
+    rowless = ((_utc(period.start), period) for period, _ in finder.units(lo, hi))
+    found: list[Period] = []
+    for start, period in heapq.merge(made_up, rowless, key=lambda pair: pair[0]):
+        if found and _utc(found[-1].start) == start:
+            continue
+        if limit is not None and len(found) >= limit:
+            break
+        found.append(period)
+    return found
+
+
+def _utc(instant: datetime) -> datetime:
+    return instant.astimezone(UTC)
 
 
 class Progress:

@@ -18,14 +18,24 @@ the second, cached per zone and year: two changes less than a day apart that can
 are not seen (tzdata has none since 1970). Cron schedules have no such count: `count` returns
 None and the caller walks only the gaps.
 
+The second half finds the periods themselves (GapFinder), for the reports and for catch-up
+alike: what `once check` reports missing is what `once catchup` makes up. It reads a job's
+rows through `Rows`, which the reports answer with SQLAlchemy and catch-up with once.ledger's
+plain SQL (`once run --catchup` is a cron fire: no SQLAlchemy).
+
 Standard library and once.periods only.
 """
 
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
+from itertools import pairwise
+from typing import Protocol
 from zoneinfo import ZoneInfo
 
 from once.periods import Period, Schedule
@@ -179,3 +189,198 @@ def _us(instant: datetime) -> int:
 
 def _utc(instant: datetime) -> datetime:
     return instant.astimezone(UTC)
+
+
+# -- which periods need a run -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpenRow:
+    """A running or failed row, as catch-up and the reports judge it."""
+
+    key: str  # the row's period key (KEY#i with --shards)
+    start: datetime  # its period's start, UTC
+    status: str  # running or failed
+    attempt: int
+    stale: bool  # running, with a heartbeat older than its owner's promise (database clock)
+
+
+def needs_run(row: OpenRow, max_attempts: int) -> bool:
+    """Whether catch-up makes up a period that has this row: a failed attempt with attempts
+    left, or a running one past its owner's promise. The claim's takeover rule (once.ledger),
+    read from outside; a unit with no row at all always needs a run."""
+    if row.status == "failed":
+        return row.attempt < max_attempts
+    return row.status == "running" and row.stale
+
+
+class Rows(Protocol):
+    """What the gap finder reads about one job's rows (period starts are UTC)."""
+
+    def done_counts(self, stretches: Sequence[tuple[datetime, datetime]]) -> list[int]:
+        """The done rows whose period starts in each [a, b) (at most SPLIT stretches)."""
+
+    def keys_at(self, starts: Sequence[datetime]) -> dict[datetime, set[str]]:
+        """The keys of every row, whatever its status, whose period starts at each start."""
+
+    def done_breaks(self, lo: datetime,
+                    hi: datetime) -> tuple[datetime | None, list[tuple[datetime, datetime | None]]]:
+        """Over the done rows whose period starts in [lo, hi), in order: the first one's start,
+        and (end, the next one's start or None) for each one not followed directly by another
+        (an index range read once, with a window function)."""
+
+    def short_starts(self, lo: datetime, hi: datetime, shards: int,
+                     limit: int) -> list[datetime]:
+        """Period starts in [lo, hi) that have rows, but fewer than shards (at most limit)."""
+
+
+# A missing unit: a period and one of its keys (KEY, or KEY#i with --shards).
+Unit = tuple[Period, str]
+
+SPLIT = 8  # a stretch with a gap is split into this many parts, counted in one statement
+WALK_LIMIT = 100_000  # periods read at most that lack some shards' rows (cron)
+
+
+class GapFinder:
+    """Finds the units of a job that have no row at all.
+
+    An `every` job's are found by counting: a stretch [a, b) between period boundaries should
+    hold count_starts(a, b) x shards rows. Everything after the job's latest row is a gap
+    known without a query (a job that stopped); elsewhere a stretch with a deficit is cut into
+    SPLIT parts whose done rows are counted in one statement (index
+    once_runs_job_status_start), and only the parts with a deficit are searched further: a
+    gap is found in about log_SPLIT(periods) round trips, and a stretch with no row at all is
+    known whole without being walked. A cron schedule has no count: its gaps are the
+    stretches between its done rows, walked (at most WALK_LIMIT units).
+    """
+
+    def __init__(self, sched: Schedule, shards: int, rows: Rows,
+                 open_rows: Sequence[tuple[datetime, str]], latest: datetime | None) -> None:
+        """open_rows: (start, key) of every running and failed row of the job; latest: the
+        start of its latest row of any status (no row starts after it)."""
+        self.sched, self.shards, self.rows = sched, shards, rows
+        self.open = list(open_rows)
+        self.open_starts = sorted(start for start, _ in self.open)
+        self.latest = latest
+
+    def expected(self, a: datetime, b: datetime) -> int:
+        return (count_starts(self.sched, a, b) or 0) * self.shards
+
+    def deficit(self, lo: datetime, hi: datetime) -> int:
+        """How many units in [lo, hi) have no row (an `every` job's): one statement."""
+        return self._deficits([lo, hi])[0]
+
+    def units(self, lo: datetime, hi: datetime, missing: int | None = None,
+              backwards: bool = False) -> Iterator[Unit]:
+        """The units in [lo, hi) without a row, oldest first (newest first when backwards: an
+        `every` job's only). missing: how many there are, when the caller has counted."""
+        if self.sched.kind != "every":
+            if backwards:
+                raise ValueError("a cron job's gaps are walked forwards only")
+            yield from self._walk(lo, hi)
+            return
+        deficit = self.deficit(lo, hi) if missing is None else missing
+        if deficit <= 0:
+            return
+        tail = None
+        if self.latest is not None and lo <= self.latest < hi:
+            tail_start = _utc(self.sched.containing(self.latest).end)
+            if tail_start < hi:
+                tail = (tail_start, hi)
+                deficit -= self.expected(tail_start, hi)
+                hi = tail_start
+        if backwards and tail:
+            yield from self._all(*tail, backwards)
+        yield from self._search(lo, hi, deficit, backwards)
+        if not backwards and tail:
+            yield from self._all(*tail, backwards)
+
+    # -- every: by counting
+
+    def _deficits(self, cuts: list[datetime]) -> list[int]:
+        """expected - present for each stretch between consecutive cuts (at most SPLIT)."""
+        pairs = list(pairwise(cuts))
+        done = self.rows.done_counts(pairs)
+        out = []
+        for (a, b), n in zip(pairs, done, strict=True):
+            opened = bisect_left(self.open_starts, b) - bisect_left(self.open_starts, a)
+            out.append(self.expected(a, b) - n - opened)
+        return out
+
+    def _search(self, a: datetime, b: datetime, deficit: int,
+                backwards: bool) -> Iterator[Unit]:
+        if deficit <= 0 or b <= a:
+            return
+        first = self.sched.containing(a)
+        if deficit >= self.expected(a, b):  # nothing there at all
+            yield from self._all(a, b, backwards)
+            return
+        if _utc(first.end) >= b:  # one period, some of its shards missing
+            yield from self._shards_missing(first, backwards)
+            return
+        cuts = [a]
+        for k in range(1, SPLIT):
+            cut = _utc(self.sched.containing(a + (b - a) * k / SPLIT).start)
+            if cut > cuts[-1]:
+                cuts.append(cut)
+        cuts.append(b)
+        if len(cuts) == 2:  # too few periods to cut at instants: cut after the first one
+            cuts = [a, _utc(first.end), b]
+        stretches = [(x, y, lack) for (x, y), lack
+                     in zip(pairwise(cuts), self._deficits(cuts), strict=True)]
+        for x, y, lack in reversed(stretches) if backwards else stretches:
+            yield from self._search(x, y, lack, backwards)
+
+    def _all(self, a: datetime, b: datetime, backwards: bool) -> Iterator[Unit]:
+        period = self.sched.containing(b - _US if backwards else a)
+        while a <= _utc(period.start) < b:
+            keys = shard_keys(period.key, self.shards)
+            for key in reversed(keys) if backwards else keys:
+                yield (period, key)
+            period = self.sched.previous(period) if backwards else self.sched.next(period)
+
+    def _shards_missing(self, period: Period, backwards: bool) -> Iterator[Unit]:
+        start = _utc(period.start)
+        have = self.rows.keys_at([start]).get(start, set())
+        keys = [k for k in shard_keys(period.key, self.shards) if k not in have]
+        for key in reversed(keys) if backwards else keys:
+            yield (period, key)
+
+    # -- cron: by walking the stretches between done rows
+
+    def _walk(self, lo: datetime, hi: datetime) -> Iterator[Unit]:
+        """Walk the stretches between done rows, skipping keys that have a failed or running
+        row; with --shards, also the periods that lack some shards' rows."""
+        first, breaks = self.rows.done_breaks(lo, hi)
+        holes = []
+        if first is None or first > lo:
+            holes.append((lo, hi if first is None else first))
+        for end, following in breaks:
+            gap_end = hi if following is None else following
+            if end < gap_end:
+                holes.append((end, gap_end))
+        have: dict[datetime, set[str]] = {}
+        for start, key in self.open:
+            have.setdefault(start, set()).add(key)
+        if self.shards > 1:
+            starts = self.rows.short_starts(lo, hi, self.shards, WALK_LIMIT)
+            for start, keys in self.rows.keys_at(starts).items():
+                have.setdefault(start, set()).update(keys)
+            holes += [(at, at + _US) for at in starts]  # containing(at) is that period
+            holes.sort()
+        latest = datetime.min.replace(tzinfo=UTC)  # a short period may lie in a hole too
+        for start, end in holes:
+            period = self.sched.containing(start)
+            while _utc(period.start) < end:
+                at = _utc(period.start)
+                if at > latest:
+                    latest = at
+                    for key in shard_keys(period.key, self.shards):
+                        if key not in have.get(at, ()):
+                            yield (period, key)
+                period = self.sched.next(period)
+
+
+def shard_keys(key: str, shards: int) -> list[str]:
+    """A period's keys in the ledger: KEY, or KEY#0 ... KEY#N-1 with --shards N."""
+    return [key] if shards == 1 else [f"{key}#{i}" for i in range(shards)]

@@ -24,7 +24,7 @@ import errno
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -469,15 +469,7 @@ class Ledger:
             self.connect()
             return self._set_state(params)
 
-    # reads for catch-up and rerun (one round trip each, still no SQLAlchemy)
-
-    LATEST_DONE = """
-        SELECT period_start FROM once_runs WHERE job = %(job)s AND status = 'done'
-        ORDER BY period_start DESC LIMIT 1"""
-
-    STATUSES = """
-        SELECT period, status FROM once_runs
-        WHERE job = %(job)s AND period_start >= %(start)s AND period_start < %(end)s"""
+    # reads for rerun and --state (one round trip each, still no SQLAlchemy)
 
     JOB_INFO = """
         SELECT kind, schedule, tz, lag, max_attempts, stale_after, shards FROM once_jobs
@@ -490,16 +482,78 @@ class Ledger:
         WHERE job = %(job)s AND command_hash IS NOT NULL
         ORDER BY started_at DESC LIMIT 1"""
 
-    def latest_done(self, job: str) -> datetime | None:
-        """The start (UTC) of the job's latest done period, None when nothing is done."""
-        rows = self._read(self.LATEST_DONE, {"job": job})
-        return self._from_db_time(rows[0][0]) if rows else None
+    # Catch-up's reads (once.gaps finds the periods that need a run from them): index seeks
+    # and ranges on once_runs_job_status_start, one round trip each.
 
-    def statuses(self, job: str, start: datetime, end: datetime) -> dict[str, str]:
-        """The status of every row of the job whose period starts in [start, end)."""
-        rows = self._read(self.STATUSES, {"job": job, "start": self._time(start),
-                                          "end": self._time(end)})
-        return {period: status for period, status in rows}
+    JOB_SPAN = """
+        SELECT (SELECT first_period_start FROM once_jobs WHERE job = %(job)s),
+               (SELECT max(period_start) FROM once_runs WHERE job = %(job)s AND status = 'done'),
+               (SELECT max(period_start) FROM once_runs
+                WHERE job = %(job)s AND status = 'running'),
+               (SELECT max(period_start) FROM once_runs
+                WHERE job = %(job)s AND status = 'failed')"""
+
+    # Seconds since a row's heartbeat, by the database's clock (per dialect).
+    HEARTBEAT_AGE: ClassVar[str] = ""
+
+    OPEN_ROWS = """
+        SELECT period, period_start, status, attempt, {age}, stale_after FROM once_runs
+        WHERE job = %(job)s AND status IN ('running', 'failed')
+          AND period_start >= %(lo)s AND period_start < %(hi)s
+        ORDER BY period_start"""
+
+    COUNT_TERMS = 8  # stretches counted per statement
+    DONE_COUNTS = " UNION ALL ".join(
+        f"SELECT {i}, count(*) FROM once_runs WHERE job = %(job)s AND status = 'done' "
+        f"AND period_start >= %(a{i})s AND period_start < %(b{i})s"
+        for i in range(COUNT_TERMS))
+
+    KEYS_AT = """
+        SELECT period_start, period FROM once_runs
+        WHERE job = %(job)s AND period_start IN ({starts})"""
+
+    # The first done row in range, and every done row not followed directly by another.
+    DONE_BREAKS = """
+        SELECT s, e, f, n FROM (
+            SELECT period_start AS s, period_end AS e,
+                   LEAD(period_start) OVER (ORDER BY period_start) AS f,
+                   ROW_NUMBER() OVER (ORDER BY period_start) AS n
+            FROM once_runs
+            WHERE job = %(job)s AND status = 'done'
+              AND period_start >= %(lo)s AND period_start < %(hi)s
+        ) breaks
+        WHERE n = 1 OR f IS NULL OR f > e
+        ORDER BY s"""
+
+    SHORT_STARTS = """
+        SELECT period_start FROM once_runs
+        WHERE job = %(job)s AND period_start >= %(lo)s AND period_start < %(hi)s
+        GROUP BY period_start HAVING count(*) < %(shards)s
+        ORDER BY period_start LIMIT %(limit)s"""
+
+    def job_span(self, job: str) -> tuple[datetime | None, datetime | None]:
+        """(the job's first period start, the start of its latest row of any status), UTC;
+        (None, None) for a job that has never run."""
+        rows = self._read(self.JOB_SPAN, {"job": job})
+        if not rows or rows[0][0] is None:
+            return None, None
+        first, *latest = (self._from_db_time(v) for v in rows[0] if v is not None)
+        return first, max(latest, default=None)
+
+    def open_rows(self, job: str, lo: datetime,
+                  hi: datetime) -> list[tuple[str, datetime, str, int, bool]]:
+        """The running and failed rows whose period starts in [lo, hi), oldest first:
+        (key, period start, status, attempt, whether it is a running row past its owner's
+        promise by the database's clock)."""
+        rows = self._read(self.OPEN_ROWS.format(age=self.HEARTBEAT_AGE),
+                          {"job": job, "lo": self._time(lo), "hi": self._time(hi)})
+        return [(key, self._from_db_time(start), status, int(attempt),
+                 status == "running" and age is not None and float(age) > float(stale_after))
+                for key, start, status, attempt, age, stale_after in rows]
+
+    def rows(self, job: str) -> LedgerRows:
+        """The job's rows as once.gaps.GapFinder reads them."""
+        return LedgerRows(self, job)
 
     def job_info(self, name: str) -> Job | None:
         """The job as its latest claim left it in once_jobs (None: never claimed)."""
@@ -601,6 +655,57 @@ class Ledger:
             raise error from exc
 
 
+class LedgerRows:
+    """once.gaps.Rows in plain SQL on the ledger's own connection (catch-up's reads)."""
+
+    def __init__(self, ledger: Ledger, job: str) -> None:
+        self.ledger, self.job = ledger, job
+
+    def done_counts(self, stretches: Sequence[tuple[datetime, datetime]]) -> list[int]:
+        ledger, terms = self.ledger, Ledger.COUNT_TERMS
+        out: list[int] = []
+        for first in range(0, len(stretches), terms):
+            chunk = stretches[first:first + terms]
+            params: dict[str, Any] = {"job": self.job}
+            for i in range(terms):
+                # The terms left over count the empty stretch [a, a).
+                a, b = chunk[i] if i < len(chunk) else (chunk[-1][0], chunk[-1][0])
+                params[f"a{i}"], params[f"b{i}"] = ledger._time(a), ledger._time(b)
+            counts = {int(i): int(n) for i, n in ledger._read(ledger.DONE_COUNTS, params)}
+            out += [counts.get(i, 0) for i in range(len(chunk))]
+        return out
+
+    def keys_at(self, starts: Sequence[datetime]) -> dict[datetime, set[str]]:
+        ledger = self.ledger
+        found: dict[datetime, set[str]] = {}
+        for first in range(0, len(starts), 500):
+            chunk = starts[first:first + 500]
+            params: dict[str, Any] = {"job": self.job}
+            params.update({f"t{i}": ledger._time(at) for i, at in enumerate(chunk)})
+            sql = ledger.KEYS_AT.format(starts=", ".join(f"%(t{i})s" for i in range(len(chunk))))
+            for at, key in ledger._read(sql, params):
+                found.setdefault(ledger._from_db_time(at), set()).add(key)
+        return found
+
+    def done_breaks(self, lo: datetime,
+                    hi: datetime) -> tuple[datetime | None, list[tuple[datetime, datetime | None]]]:
+        ledger = self.ledger
+        rows = ledger._read(ledger.DONE_BREAKS, {"job": self.job, "lo": ledger._time(lo),
+                                                 "hi": ledger._time(hi)})
+        when = ledger._from_db_time
+        first = when(rows[0][0]) if rows else None
+        return first, [(when(e), None if f is None else when(f)) for _, e, f, n in rows
+                       if f is None or when(f) > when(e)]
+
+    def short_starts(self, lo: datetime, hi: datetime, shards: int,
+                     limit: int) -> list[datetime]:
+        ledger = self.ledger
+        rows = ledger._read(ledger.SHORT_STARTS, {"job": self.job, "lo": ledger._time(lo),
+                                                  "hi": ledger._time(hi), "shards": shards,
+                                                  "limit": limit})
+        return [ledger._from_db_time(at) for (at,) in rows]
+
+
 _TRANSIENT = {"OperationalError", "InterfaceError", "ConnectionTimeout", "TimeoutError"}
 
 # Connection refusals that say "not now" rather than "never": out of connections, starting
@@ -636,6 +741,7 @@ _SQLITE_NOW = "(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')"
 
 class SqliteLedger(Ledger):
     dialect = "sqlite"
+    HEARTBEAT_AGE = "(julianday('now') - julianday(heartbeat_at)) * 86400.0"
     _period_locks: _PeriodLocks | None = None
 
     UPSERT_JOB = f"""
@@ -981,6 +1087,7 @@ class _PeriodLocks:
 
 class PostgresLedger(Ledger):
     dialect = "postgresql"
+    HEARTBEAT_AGE = "extract(epoch FROM clock_timestamp() - heartbeat_at)::float8"
 
     # One statement, one round trip: compare the clocks, bump the job's fence, insert or take
     # over the run row, log the attempt; when nothing was won, report the row as it stands.
@@ -1218,6 +1325,7 @@ _DUPLICATE_KEY, _DEADLOCK, _LOCK_WAIT = 1062, 1213, 1205
 
 class MysqlLedger(Ledger):
     dialect = "mysql"
+    HEARTBEAT_AGE = f"TIMESTAMPDIFF(MICROSECOND, heartbeat_at, {_MY_NOW}) / 1e6"
 
     # LAST_INSERT_ID(expr) hands the new fence back in the OK packet: no extra SELECT.
     UPSERT_JOB = f"""

@@ -20,6 +20,7 @@ REASON_MAX = 1000  # characters of a rerun --reason (MySQL's TEXT ends at 64 KiB
 STATE_LIMIT = 64 * 1024  # bytes of UTF-8 in a watermark
 SECRET_MAX = 64 * 1024  # bytes of a --db-password-file or ONCE_DATABASE_URL_FILE
 LAG_MAX = 100_000  # --lag is counted out period by period: a typo must not spin for hours
+CATCHUP_MAX = LAG_MAX  # --catchup N: the window of N periods is counted out the same way
 ATTEMPTS_MAX = 2**31 - 1  # once_runs.attempt is a 32-bit integer
 SHARDS_MAX = 1000
 DURATION_MAX = 36500 * 86400  # seconds: the OS's timers overflow past about 292 years

@@ -1,12 +1,15 @@
 """`once prune`: forget old history, keep what correctness needs.
 
 Deleted: attempts (once_attempts) that finished before the cut-off, and `done` rows of
-once_runs that finished before it. Kept, always: every `running` row, every `failed` row
-(a failed-out period still needs a rerun or a look), and the latest done row of each job,
-which catch-up resumes from. Each job's expected range (once_jobs.first_period_start) moves
-up to the oldest row it still has, so that reports do not call the pruned periods missing.
-Jobs that have not fired for longer than the cut-off are listed (renamed or retired jobs);
-they are not deleted.
+once_runs that finished before it and whose period lies before everything catch-up and the
+reports still need. Kept, always: every `running` and `failed` row (a failed-out period still
+needs a rerun or a look), every done row from the job's oldest running or failed row, or its
+oldest due period without a row, on (the gap finder counts those done rows to know which
+periods in between are done), and the latest done row of each job. Each job's expected range
+(once_jobs.first_period_start) moves up to the oldest row it still has, or to its oldest gap
+when that comes first, so that reports do not call the pruned periods missing and still call
+the gaps missing. Jobs that have not fired for longer than the cut-off are listed (renamed or
+retired jobs); they are not deleted.
 
 The ledger stays claimable: an attempt goes with the run row it belongs to, finished or not
 (an attempt that was taken over never finishes), since the next claim of a pruned period
@@ -27,6 +30,7 @@ from sqlalchemy import (
     and_,
     delete,
     exists,
+    false,
     func,
     inspect,
     not_,
@@ -62,7 +66,7 @@ def prune(target: Target, older_than: float, dry_run: bool = False,
             with eng.begin() as conn:
                 if not inspect(conn).has_table(runs.name):
                     return Pruned(no_tables=True)
-                return _prune(conn, cut, dry_run)
+                return _prune(conn, target, cut, dry_run)
         finally:
             eng.dispose()
     except SQLAlchemyError as exc:
@@ -70,64 +74,95 @@ def prune(target: Target, older_than: float, dry_run: bool = False,
                           f"{describe(getattr(exc, 'orig', None) or exc)}") from exc
 
 
-def _prune(conn: Connection, cut: datetime, dry_run: bool) -> Pruned:
+def _prune(conn: Connection, target: Target, cut: datetime, dry_run: bool) -> Pruned:
     result = Pruned(idle_jobs=_idle_jobs(conn, cut))
-    # Attempts first: which ones go depends on the run rows that are about to go.
-    result.attempts = _prune_attempts(conn, cut, dry_run)
-    for job, latest_done in _latest_done(conn).items():
-        result.runs += _prune_runs(conn, job, latest_done, cut, dry_run)
+    keep, gap = _needed(conn, target)
+    jobs_with_attempts = set(conn.execute(select(attempts.c.job).distinct()).scalars())
+    for job in sorted(set(keep) | jobs_with_attempts):
+        goes = _run_row_goes(target, job, keep.get(job), cut)
+        # Attempts first: which ones go depends on the run rows that are about to go.
+        result.attempts += _prune_attempts(conn, job, goes, cut, dry_run)
+        result.runs += _prune_runs(conn, job, goes, dry_run)
     if not dry_run:
-        _move_expected_ranges(conn)
+        _move_expected_ranges(conn, target, gap)
     return result
 
 
-def _latest_done(conn: Connection) -> dict[str, datetime]:
-    rows = conn.execute(select(runs.c.job, func.max(runs.c.period_start))
-                        .where(runs.c.status == "done").group_by(runs.c.job))
-    return {job: latest for job, latest in rows}
+def _needed(conn: Connection, target: Target) -> tuple[dict[str, datetime],
+                                                        dict[str, datetime]]:
+    """Per job that has a done row: the period start from which every row stays (its latest
+    done row, its oldest running or failed row, its oldest due period without a row: the
+    earliest); and per job with such a gap, where the gap starts."""
+    from once import report
+
+    keep: dict[str, datetime] = {}
+    for job, latest in conn.execute(select(runs.c.job, func.max(runs.c.period_start))
+                                    .where(runs.c.status == "done").group_by(runs.c.job)):
+        keep[job] = report._utc(latest)
+    for job, oldest in conn.execute(select(runs.c.job, func.min(runs.c.period_start))
+                                    .where(runs.c.status.in_(("running", "failed")))
+                                    .group_by(runs.c.job)):
+        if job in keep:
+            keep[job] = min(keep[job], report._utc(oldest))
+    gap: dict[str, datetime] = {}
+    states = report.survey(conn, target, report._select_jobs(conn, list(keep), None),
+                           report._db_now(conn, target))
+    for s in states:
+        if s.no_row_listed:
+            gap[s.name] = s.no_row_listed[0][0]
+            keep[s.name] = min(keep[s.name], gap[s.name])
+    return keep, gap
 
 
-def _prune_runs(conn: Connection, job: str, latest_done: datetime, cut: datetime,
-                dry_run: bool) -> int:
-    old = and_(runs.c.job == job, runs.c.status == "done", runs.c.finished_at < cut,
-               runs.c.period_start < latest_done)
+def _run_row_goes(target: Target, job: str, keep_from: datetime | None,
+                  cut: datetime) -> ColumnElement[bool]:
+    """What _prune_runs deletes of a job, as one condition on a once_runs row."""
+    from once.report import _bind
+
+    if keep_from is None:  # no done row: nothing goes
+        return false()
+    return and_(runs.c.job == job, runs.c.status == "done", runs.c.finished_at < cut,
+                runs.c.period_start < _bind(target, keep_from))
+
+
+def _prune_runs(conn: Connection, job: str, goes: ColumnElement[bool], dry_run: bool) -> int:
     if dry_run:
-        return int(conn.execute(select(func.count()).select_from(runs).where(old)).scalar_one())
-    return int(conn.execute(delete(runs).where(old)).rowcount)
+        return int(conn.execute(select(func.count()).select_from(runs).where(goes))
+                   .scalar_one())
+    return int(conn.execute(delete(runs).where(goes)).rowcount)
 
 
-def _run_row_goes(cut: datetime) -> ColumnElement[bool]:
-    """What _prune_runs deletes, as one condition on a once_runs row."""
-    other = runs.alias("latest")
-    latest_done = (select(func.max(other.c.period_start))
-                   .where(other.c.job == runs.c.job, other.c.status == "done")
-                   .scalar_subquery())
-    return and_(runs.c.status == "done", runs.c.finished_at < cut,
-                runs.c.period_start < latest_done)
-
-
-def _prune_attempts(conn: Connection, cut: datetime, dry_run: bool) -> int:
-    """Attempts that finished before the cut, and every attempt whose run row goes (or is
-    gone already: an earlier prune left it behind)."""
+def _prune_attempts(conn: Connection, job: str, goes: ColumnElement[bool], cut: datetime,
+                    dry_run: bool) -> int:
+    """The job's attempts that finished before the cut, and every one whose run row goes (or
+    is gone already: an earlier prune left it behind)."""
     kept_row = exists().where(runs.c.job == attempts.c.job, runs.c.period == attempts.c.period,
-                              not_(_run_row_goes(cut)))
-    old = or_(and_(attempts.c.finished_at.is_not(None), attempts.c.finished_at < cut),
-              and_(attempts.c.period != STATE_ROWS, not_(kept_row)))
+                              not_(goes))
+    old = and_(attempts.c.job == job,
+               or_(and_(attempts.c.finished_at.is_not(None), attempts.c.finished_at < cut),
+                   and_(attempts.c.period != STATE_ROWS, not_(kept_row))))
     if dry_run:
         return int(conn.execute(select(func.count()).select_from(attempts).where(old))
                    .scalar_one())
     return int(conn.execute(delete(attempts).where(old)).rowcount)
 
 
-def _move_expected_ranges(conn: Connection) -> None:
+def _move_expected_ranges(conn: Connection, target: Target,
+                          gap: dict[str, datetime]) -> None:
+    from once.report import _bind
+
     for job, oldest in conn.execute(select(runs.c.job, func.min(runs.c.period_start))
                                     .group_by(runs.c.job)):
-        conn.execute(update(jobs).where(jobs.c.job == job,
-                                        jobs.c.first_period_start < oldest)
-                     .values(first_period_start=oldest))
+        start = _bind(target, min(_aware(oldest), gap.get(job, _aware(oldest))))
+        conn.execute(update(jobs).where(jobs.c.job == job, jobs.c.first_period_start < start)
+                     .values(first_period_start=start))
+
+
+def _aware(at: datetime) -> datetime:
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
 
 
 def _idle_jobs(conn: Connection, cut: datetime) -> list[tuple[str, datetime]]:
     rows = conn.execute(select(jobs.c.job, jobs.c.last_fire_at)
                         .where(jobs.c.last_fire_at < cut).order_by(jobs.c.job))
-    return [(job, at if at.tzinfo else at.replace(tzinfo=UTC)) for job, at in rows]
+    return [(job, _aware(at)) for job, at in rows]

@@ -21,12 +21,13 @@ one is a missing unit of its own.
 
 Scale: the number of due periods is counted arithmetically (once.gaps) and compared with one
 COUNT of done rows over an index range per job (index once_runs_job_status_start); only a job
-whose count shows a gap has its gaps located, by counting ever smaller stretches (_GapFinder:
-about log8(periods) round trips per gap; the stretch after a job's latest row costs none), and
-only the first few missing keys and the last one are walked. So `once status` and `once check`
-read O(jobs) index ranges and walk O(listed) periods, not every period of every job. A cron
-schedule has no closed-form count: its gaps are the stretches between its done rows (a window
-query over the job's done rows, in index order), walked up to WALK_LIMIT.
+whose count shows a gap has its gaps located, by counting ever smaller stretches
+(once.gaps.GapFinder, which catch-up uses too: about log8(periods) round trips per gap; the
+stretch after a job's latest row costs none), and only the first few missing keys and the last
+one are walked. So `once status` and `once check` read O(jobs) index ranges and walk O(listed)
+periods, not every period of every job. A cron schedule has no closed-form count: its gaps are
+the stretches between its done rows (a window query over the job's done rows, in index order),
+walked up to WALK_LIMIT.
 
 Known limit: the counts assume the job's rows follow its current schedule. After a change of
 --every/--cron/--tz/--shards, rows of the old schedule inside the due range can hide or invent
@@ -55,13 +56,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cache
-from itertools import islice, pairwise
+from itertools import islice
 from typing import Any
 
 from sqlalchemy import (
@@ -98,7 +98,6 @@ SEVERITY = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOW
 
 STATE_PERIOD = "(state)"  # the history's rows of `once state --set`: no attempt, no fire
 
-_TICK = timedelta(microseconds=1)
 _NEVER = datetime.min.replace(tzinfo=UTC)
 
 runs, attempts, jobs = tables.runs, tables.attempts, tables.jobs
@@ -513,24 +512,37 @@ def last_line(output: str | None) -> str | None:
 
 def _locate_missing(conn: Connection, target: Target, s: JobState) -> None:
     """Count the due periods (with --shards: shards) that have no row; list the first few and
-    the last one."""
+    the last one (once.gaps.GapFinder, as catch-up finds them)."""
     if s.due_last is None or s.first is None or s.sched is None:
         return
     lo, hi = _utc(s.first.start), _utc(s.due_last.end)
-    present = s.done_due + sum(1 for r in s.open_rows if lo <= r.period_start < hi)
+    starts = [r.period_start for r in s.open_rows]
+    if s.last_done is not None:
+        starts.append(s.last_done.period_start)
+    finder = gaps.GapFinder(s.sched, s.shards, _Rows(conn, target, s.name),
+                            [(r.period_start, r.period) for r in s.open_rows],
+                            max(starts, default=None))
     if s.expected is None:  # cron: no count; walk the gaps between the done rows
-        _walk_cron_gaps(conn, target, s, lo, hi)
+        listed: list[Unit] = []
+        for period, key in finder.units(lo, hi):
+            s.no_row += 1
+            s.no_row_last = (_utc(period.start), key)
+            if len(listed) <= LIST_LIMIT:
+                listed.append(s.no_row_last)
+            if s.no_row >= WALK_LIMIT:
+                s.no_row_at_least = True
+                break
+        s.no_row_listed = listed
         return
+    present = s.done_due + sum(1 for r in s.open_rows if lo <= r.period_start < hi)
     missing = s.expected * s.shards - present
     if missing <= 0:
         return  # every due period has its rows: the common, cheap case
-    finder = _GapFinder(conn, target, s)
     s.no_row = missing
-    s.no_row_listed = list(islice(finder.units(lo, hi, missing), LIST_LIMIT + 1))
-    s.no_row_last = next(finder.units(lo, hi, missing, backwards=True), None)
-
-
-SPLIT = 8  # a stretch with a gap is split into this many parts, counted in one statement
+    s.no_row_listed = [(_utc(p.start), key) for p, key
+                       in islice(finder.units(lo, hi, missing), LIST_LIMIT + 1)]
+    s.no_row_last = next(((_utc(p.start), key) for p, key
+                          in finder.units(lo, hi, missing, backwards=True)), None)
 
 
 @cache
@@ -542,181 +554,56 @@ def _split_counts() -> Executable:
             runs.c.job == bindparam("job"), runs.c.status == "done",
             runs.c.period_start >= bindparam(f"a{i}", type_=when),
             runs.c.period_start < bindparam(f"b{i}", type_=when))
-        for i in range(SPLIT)])
+        for i in range(gaps.SPLIT)])
 
 
-class _GapFinder:
-    """Finds the missing units of an `every` job by counting.
+class _Rows:
+    """once.gaps.Rows for the reports: SQLAlchemy Core, inside the report's snapshot."""
 
-    A stretch [a, b) between period boundaries should hold count_starts(a, b) x shards rows.
-    Everything after the job's latest row is a gap known without a query (a job that stopped);
-    elsewhere a stretch with a deficit is cut into SPLIT parts whose done rows are counted in
-    one statement (index once_runs_job_status_start), and only the parts with a deficit are
-    searched further: a gap is found in about log_SPLIT(periods) round trips, and a stretch
-    with no row at all is known whole without being walked.
-    """
+    def __init__(self, conn: Connection, target: Target, job: str) -> None:
+        self.conn, self.target, self.job = conn, target, job
 
-    def __init__(self, conn: Connection, target: Target, s: JobState) -> None:
-        assert s.sched is not None
-        self.conn, self.target, self.s, self.sched = conn, target, s, s.sched
-        self.open_starts = sorted(r.period_start for r in s.open_rows)
-        starts = [r.period_start for r in s.open_rows]
-        if s.last_done is not None:
-            starts.append(s.last_done.period_start)
-        self.latest = max(starts, default=None)  # no row starts after it
-        self.counts = _split_counts()
-
-    def expected(self, a: datetime, b: datetime) -> int:
-        return (gaps.count_starts(self.sched, a, b) or 0) * self.s.shards
-
-    def deficits(self, cuts: list[datetime]) -> list[int]:
-        """expected - present for each stretch between consecutive cuts (at most SPLIT)."""
-        params: dict[str, Any] = {"job": self.s.name}
-        pairs = list(pairwise(cuts))
-        for i in range(SPLIT):
-            a, b = pairs[i] if i < len(pairs) else (cuts[-1], cuts[-1])
+    def done_counts(self, stretches: Sequence[tuple[datetime, datetime]]) -> list[int]:
+        params: dict[str, Any] = {"job": self.job}
+        for i in range(gaps.SPLIT):
+            a, b = stretches[i] if i < len(stretches) else (_NEVER, _NEVER)
             params[f"a{i}"], params[f"b{i}"] = _bind(self.target, a), _bind(self.target, b)
-        done: dict[Any, Any] = dict(self.conn.execute(self.counts, params).all())
-        out = []
-        for i, (a, b) in enumerate(pairs):
-            opened = bisect_left(self.open_starts, b) - bisect_left(self.open_starts, a)
-            out.append(self.expected(a, b) - int(done.get(i, 0)) - opened)
-        return out
+        done: dict[Any, Any] = dict(self.conn.execute(_split_counts(), params).all())
+        return [int(done.get(i, 0)) for i in range(len(stretches))]
 
-    def units(self, a: datetime, b: datetime, deficit: int,
-              backwards: bool = False) -> Iterator[Unit]:
-        """The missing units in [a, b), which lacks `deficit` rows, in order (or reversed)."""
-        if deficit <= 0:
-            return
-        tail = None
-        if self.latest is not None and a <= self.latest < b:
-            tail_start = _utc(self.sched.containing(self.latest).end)
-            if tail_start < b:
-                tail = (tail_start, b)
-                deficit -= self.expected(tail_start, b)
-                b = tail_start
-        if backwards and tail:
-            yield from self._all(*tail, backwards)
-        yield from self._search(a, b, deficit, backwards)
-        if not backwards and tail:
-            yield from self._all(*tail, backwards)
-
-    def _search(self, a: datetime, b: datetime, deficit: int,
-                backwards: bool) -> Iterator[Unit]:
-        if deficit <= 0 or b <= a:
-            return
-        first = self.sched.containing(a)
-        if deficit >= self.expected(a, b):  # nothing there at all
-            yield from self._all(a, b, backwards)
-            return
-        if _utc(first.end) >= b:  # one period, some of its shards missing
-            yield from self._shards_missing(first, backwards)
-            return
-        cuts = [a]
-        for k in range(1, SPLIT):
-            cut = _utc(self.sched.containing(a + (b - a) * k / SPLIT).start)
-            if cut > cuts[-1]:
-                cuts.append(cut)
-        cuts.append(b)
-        if len(cuts) == 2:  # too few periods to cut at instants: cut after the first one
-            cuts = [a, _utc(first.end), b]
-        stretches = [(x, y, lack) for (x, y), lack
-                     in zip(pairwise(cuts), self.deficits(cuts), strict=True)]
-        for x, y, lack in reversed(stretches) if backwards else stretches:
-            yield from self._search(x, y, lack, backwards)
-
-    def _all(self, a: datetime, b: datetime, backwards: bool) -> Iterator[Unit]:
-        period = self.sched.containing(b - _TICK if backwards else a)
-        while a <= _utc(period.start) < b:
-            keys = _shard_keys(period.key, self.s.shards)
-            for key in reversed(keys) if backwards else keys:
-                yield (_utc(period.start), key)
-            period = self.sched.previous(period) if backwards else self.sched.next(period)
-
-    def _shards_missing(self, period: Period, backwards: bool) -> Iterator[Unit]:
-        query = select(runs.c.period).where(
-            runs.c.job == self.s.name,
-            runs.c.period_start == _bind(self.target, period.start))
-        have = set(self.conn.execute(query).scalars())
-        keys = [k for k in _shard_keys(period.key, self.s.shards) if k not in have]
-        for key in reversed(keys) if backwards else keys:
-            yield (_utc(period.start), key)
-
-
-def _walk_cron_gaps(conn: Connection, target: Target, s: JobState, lo: datetime,
-                    hi: datetime) -> None:
-    """A cron job's missing units: walk the stretches between its done rows (read in the
-    order of index once_runs_job_status_start), skipping periods that have a failed or
-    running row."""
-    assert s.sched is not None
-    in_range = and_(runs.c.job == s.name, runs.c.status == "done",
-                    runs.c.period_start >= _bind(target, lo),
-                    runs.c.period_start < _bind(target, hi))
-    following = func.lead(runs.c.period_start, type_=runs.c.period_start.type).over(
-        order_by=runs.c.period_start)
-    rows = (select(runs.c.period_start.label("s"), runs.c.period_end.label("e"),
-                   following.label("f"))
-            .where(in_range).subquery())
-    query = (select(rows.c.e, rows.c.f)
-             .where(or_(rows.c.f.is_(None), rows.c.f > rows.c.e))
-             .order_by(rows.c.s))
-    first = conn.execute(select(func.min(runs.c.period_start)).where(in_range)).scalar()
-    holes = []
-    if first is None or _utc(first) > lo:
-        holes.append((lo, hi if first is None else _utc(first)))
-    for end, following_start in conn.execute(query):
-        gap_end = hi if following_start is None else _utc(following_start)
-        if _utc(end) < gap_end:
-            holes.append((_utc(end), gap_end))
-    # Rows that are not done fill some of those stretches: a period is missing only the keys
-    # that have no row at all. With --shards, a period may also lack some shards' rows.
-    have: dict[datetime, set[str]] = {}
-    for r in s.open_rows:
-        have.setdefault(r.period_start, set()).add(r.period)
-    if s.shards > 1:
-        short = (select(runs.c.period_start)
-                 .where(runs.c.job == s.name, runs.c.period_start >= _bind(target, lo),
-                        runs.c.period_start < _bind(target, hi))
-                 .group_by(runs.c.period_start).having(func.count() < s.shards))
-        starts = [_utc(x) for x in conn.execute(short.limit(WALK_LIMIT)).scalars()]
-        for chunk in _chunks([_bind(target, x) for x in starts], 500):
+    def keys_at(self, starts: Sequence[datetime]) -> dict[datetime, set[str]]:
+        found: dict[datetime, set[str]] = {}
+        for chunk in _chunks([_bind(self.target, x) for x in starts], 500):
             keys = select(runs.c.period_start, runs.c.period).where(
-                runs.c.job == s.name, runs.c.period_start.in_(chunk))
-            for at, key in conn.execute(keys):
-                have.setdefault(_utc(at), set()).add(key)
-        holes += [(at, at + _TICK) for at in starts]  # containing(at) is that period
-        holes.sort()
-    listed: list[Unit] = []
-    counted = 0
-    last: Unit | None = None
-    walked = _NEVER  # the latest period start walked (a short period may lie in a hole too)
-    for start, end in holes:
-        period = s.sched.containing(start)
-        while _utc(period.start) < end:
-            at = _utc(period.start)
-            if at <= walked:
-                period = s.sched.next(period)
-                continue
-            walked = at
-            for key in _shard_keys(period.key, s.shards):
-                if key in have.get(at, ()):
-                    continue
-                counted += 1
-                last = (at, key)
-                if len(listed) <= LIST_LIMIT:
-                    listed.append(last)
-            if counted >= WALK_LIMIT:
-                s.no_row_at_least = True
-                break
-            period = s.sched.next(period)
-        if s.no_row_at_least:
-            break
-    s.no_row, s.no_row_listed, s.no_row_last = counted, listed, last
+                runs.c.job == self.job, runs.c.period_start.in_(chunk))
+            for at, key in self.conn.execute(keys):
+                found.setdefault(_utc(at), set()).add(key)
+        return found
 
+    def done_breaks(self, lo: datetime,
+                    hi: datetime) -> tuple[datetime | None, list[tuple[datetime, datetime | None]]]:
+        in_range = and_(runs.c.job == self.job, runs.c.status == "done",
+                        runs.c.period_start >= _bind(self.target, lo),
+                        runs.c.period_start < _bind(self.target, hi))
+        following = func.lead(runs.c.period_start, type_=runs.c.period_start.type).over(
+            order_by=runs.c.period_start)
+        rows = (select(runs.c.period_start.label("s"), runs.c.period_end.label("e"),
+                       following.label("f"))
+                .where(in_range).subquery())
+        query = (select(rows.c.e, rows.c.f)
+                 .where(or_(rows.c.f.is_(None), rows.c.f > rows.c.e))
+                 .order_by(rows.c.s))
+        first = self.conn.execute(select(func.min(runs.c.period_start)).where(in_range)).scalar()
+        return (None if first is None else _utc(first),
+                [(_utc(e), None if f is None else _utc(f)) for e, f in self.conn.execute(query)])
 
-def _shard_keys(key: str, shards: int) -> list[str]:
-    """A period's keys in the ledger: KEY, or KEY#0 ... KEY#N-1 with --shards N."""
-    return [key] if shards == 1 else [f"{key}#{i}" for i in range(shards)]
+    def short_starts(self, lo: datetime, hi: datetime, shards: int,
+                     limit: int) -> list[datetime]:
+        short = (select(runs.c.period_start)
+                 .where(runs.c.job == self.job, runs.c.period_start >= _bind(self.target, lo),
+                        runs.c.period_start < _bind(self.target, hi))
+                 .group_by(runs.c.period_start).having(func.count() < shards))
+        return [_utc(x) for x in self.conn.execute(short.limit(limit)).scalars()]
 
 
 # -- the commands ----------------------------------------------------------------------------

@@ -45,3 +45,18 @@ def test_once_run_imports_nothing_of_the_report_path(once_env: dict[str, str],
     assert not [m for m in loaded if m.split(".")[0] in FORBIDDEN or m in FORBIDDEN]
     # The output relay is imported only by a run that won its claim.
     assert ("once.relay" in loaded) == (fire == "claimed")
+
+
+def test_once_run_catchup_finds_gaps_without_sqlalchemy(once_env: dict[str, str],
+                                                        tmp_path: Path) -> None:
+    # A gap behind the latest done day: --catchup finds it with once.gaps and plain SQL.
+    for lag in ("4", "1"):
+        assert run_once("run", "--job", "hot", "--every", "day", "--lag", lag, "--", "true",
+                        env=once_env).returncode == 0
+    out = tmp_path / "made-up"
+    loaded = _modules(once_env, tmp_path, "run", "--job", "hot", "--every", "day",
+                      "--catchup", "5", "--", "sh", "-c", f'echo "$ONCE_PERIOD" >> {out}')
+    assert len(out.read_text().split()) == 3  # D-3, D-2 and today
+    assert "once.gaps" in loaded  # stdlib and once.periods only: allowed with --catchup
+    assert not [m for m in loaded if m != "once.gaps"
+                and (m.split(".")[0] in FORBIDDEN or m in FORBIDDEN)]
