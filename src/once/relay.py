@@ -105,7 +105,8 @@ class Relay:
     """The pipes between the command and once's own stdout and stderr, and their threads.
 
     Made before the guard is forked (child_fds go to the command, own_fds are closed by the
-    guard); forked() after the fork; finish() once the command has ended. A stream gets its
+    guard); forked() after the fork; end() once the command has ended, then running() and
+    join() until the streams are delivered, and output() for the tail. A stream gets its
     thread when its first bytes arrive: until then the wrapper's wait loop watches its pipe
     (idle(), stirred()), so that a command that says nothing (most of a catch-up's) costs no
     thread. (A thread started while the guard lives copies, copy-on-write, every page it
