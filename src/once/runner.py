@@ -79,6 +79,7 @@ class Lease:
         # The heartbeat thread was left behind in a statement (or on its way to one): its
         # connection is its own from then on (never closed under it, never shared).
         self.stranded = False
+        self.stepping_down = False  # the command is being stopped: see step_down_reason
         # Held while a statement is in the ledger: the heartbeat thread and the final write
         # share one connection, and a renewal stuck in a hung server must not be joined by
         # another statement on it.
@@ -87,6 +88,13 @@ class Lease:
     @property
     def interval(self) -> float:
         return self.stale_after / 3
+
+    def pause(self, ok: bool) -> float:
+        """How long after the last renewal was sent the next one goes out: an interval; after
+        a failure a quarter of one (at most 1 s, never hammering a dead server), so that a
+        renewal that failed once (a killed connection, a lock held for a moment) is retried
+        well before the step-down's SIGTERM, due an interval after it."""
+        return self.interval if ok else min(self.interval / 4, 1.0)
 
     @property
     def expired(self) -> bool:
@@ -102,7 +110,9 @@ class Lease:
                 self.last_error = str(exc)
                 return False
         if ours:
-            if not self.expired:  # an answer that came too late does not undo a step-down
+            # An answer that came too late (past the deadline, or once the command was being
+            # stopped) does not undo a step-down, nor the reason it gives.
+            if not (self.expired or self.stepping_down):
                 self.last_error = ""
             self.deadline = max(self.deadline, sent + self.stale_after)
         else:
@@ -154,13 +164,14 @@ class Lease:
         lost or the deadline passes. For a thread of its own (the Python API's)."""
         ok = True
         while not (self.lost or self.expired):
-            pause = self.interval if ok else min(self.interval, 1.0)
-            if stop.wait(max(0.0, self.last_sent + pause - self.now())):
+            if stop.wait(max(0.0, self.last_sent + self.pause(ok) - self.now())):
                 return
             ok = self.renew_once()
 
     def step_down_reason(self) -> None:
-        """Past the deadline with no error seen: a renewal is still waiting for an answer."""
+        """The owner steps down: keep the reason. With no error seen, a renewal is still
+        waiting for an answer."""
+        self.stepping_down = True
         if not self.lost and not self.last_error:
             self.last_error = "a renewal got no answer from the ledger"
 
@@ -398,9 +409,8 @@ class _Supervisor:
         ok = True
         while True:
             # Every --stale-after/3 counted from when the last renewal was sent; after a
-            # failure, retry sooner, but never hammer a dead server.
-            pause = lease.interval if ok else min(lease.interval, 1.0)
-            if self.stop_heartbeat.wait(max(0.0, lease.last_sent + pause - lease_now())):
+            # failure, sooner (Lease.pause).
+            if self.stop_heartbeat.wait(max(0.0, lease.last_sent + lease.pause(ok) - lease_now())):
                 return
             ok = lease.renew_once()
             if ok:
