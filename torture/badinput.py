@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import hostile
 from common import ONCE, Backend, Config, Row, base_env, histogram
 
 VALID, INVALID, EDGE = "valid", "invalid", "edge"
@@ -336,7 +337,7 @@ def run(config: Config, backend: Backend, outdir: Path) -> list[Row]:
     rows = []
     for command, base in (("run", 200), ("catchup", 120), ("periods", 120)):
         rows.append(_explore(config, command, base, strategies, env, cwd, markers))
-    return rows
+    return rows + hostile.run(config, backend, outdir / "hostile")
 
 
 def _explore(config: Config, command: str, base: int, strategies,  # type: ignore[no-untyped-def]

@@ -18,7 +18,10 @@ creates and drops):
 5. clocks: wrappers whose wall clock runs 10 minutes fast, an owner 10 minutes slow, one host
    clock stepped 10 minutes forward mid-run (libfaketime, on every backend), hosts behind and
    ahead by more than a period; ledger sessions in far-apart time zones;
-6. bad input: hypothesis-generated argument vectors for run, catchup and periods.
+6. bad input: hypothesis-generated argument vectors for run, catchup and periods; then
+   hostile values (URLs, secret files, lengths at every limit, period edges, control
+   characters and markup in every text field) through every command, each followed by every
+   report (torture/hostile.py).
 
 Each backend gets a table:
 

@@ -294,7 +294,9 @@ def state(job: str, db: str | None, db_password_file: str | None, namespace: str
         if value is None:
             current, _version = ledger.state(name)
             if current is not None:
-                click.echo(current)
+                # As stored in a pipe (a script's data); escaped on a terminal, which would
+                # obey an escape sequence in it.
+                click.echo(shown(current) if sys.stdout.isatty() else current)
             return 0
         if known or seed is None:  # a job that ran keeps the schedule it ran with
             version = ledger.set_state(name, value, owner)

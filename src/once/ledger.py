@@ -125,11 +125,12 @@ def parse_url(url: str, password: str | None = None) -> Target:
     if "://" not in url:
         raise UrlError(f"bad --db URL '{url}': expected sqlite:///PATH, postgresql://… or mysql://…")
     try:
-        urlsplit(url)
+        parts = urlsplit(url)
     except ValueError as exc:  # [::1 without its bracket, [zz]: the host is malformed
         raise UrlError(f"bad host in --db URL {redact(url)}: {exc}") from None
     if base == "sqlite":
         return _sqlite_target(url)
+    _check_port(parts.netloc.rpartition("@")[2], url)
     if base in ("postgresql", "postgres"):
         return _postgres_target(url, password)
     if base in ("mysql", "mariadb"):
@@ -137,6 +138,19 @@ def parse_url(url: str, password: str | None = None) -> Target:
     raise UrlError(
         f"unsupported --db URL scheme '{scheme}': use sqlite, postgresql, mysql or mariadb"
     )
+
+
+def _check_port(hostinfo: str, url: str) -> None:
+    """A port, when the URL gives one, is a number from 1 to 65535: the reports' SQLAlchemy
+    reads the URL too, and fails on `host:` or `host:port` with a traceback."""
+    if hostinfo.startswith("["):  # [::1]:5432
+        hostinfo = hostinfo.partition("]")[2]
+    if ":" not in hostinfo:
+        return
+    port = hostinfo.rpartition(":")[2]
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise UrlError(f"bad port {port!r} in --db URL {redact(url)}: give a number from 1 "
+                       f"to 65535")
 
 
 def redact(url: str) -> str:
@@ -183,6 +197,19 @@ def _postgres_target(url: str, password: str | None) -> Target:
 _MYSQL_PARAMS = {"unix_socket", "charset", "ssl_ca", "ssl_cert", "ssl_key", "connect_timeout"}
 
 
+def _check_mysql_query(query: dict[str, str], url: str) -> None:
+    """?connect_timeout= a whole number of seconds, ?ssl_ca= (cert, key) a readable file:
+    else PyMySQL fails inside the reports' driver with a traceback, not at connect time."""
+    timeout = query.get("connect_timeout")
+    if timeout is not None and not (timeout.isascii() and timeout.isdigit()
+                                    and 1 <= int(timeout) <= 31_536_000):
+        raise UrlError(f"?connect_timeout={timeout} in {redact(url)}: give whole seconds, "
+                       f"1 or more")
+    for key in ("ssl_ca", "ssl_cert", "ssl_key"):
+        if key in query and not os.access(query[key], os.R_OK):
+            raise UrlError(f"?{key}={query[key]} in {redact(url)}: no readable file there")
+
+
 def _mysql_target(url: str, password: str | None) -> Target:
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query))
@@ -209,6 +236,7 @@ def _mysql_target(url: str, password: str | None) -> Target:
         raise UrlError(f"?charset={query['charset']} in {redact(url)}: once speaks utf8mb4 "
                        f"(its tables' charset); leave it out or write charset=utf8mb4")
     args["charset"] = "utf8mb4"
+    _check_mysql_query(query, url)
     if "unix_socket" in query:
         args["unix_socket"] = query["unix_socket"]
     ssl = {k[4:]: v for k, v in query.items() if k.startswith("ssl_")}

@@ -60,15 +60,21 @@ def prune(target: Target, older_than: float, dry_run: bool = False,
     cut = (now or datetime.now(UTC)) - timedelta(seconds=older_than)
     if target.dialect == "sqlite" and not os.path.exists(target.path):
         return Pruned(no_tables=True)  # connecting would leave an empty file behind
+    connected = False
     try:
         eng = engine(target)
         try:
             with eng.begin() as conn:
+                connected = True
                 if not inspect(conn).has_table(runs.name):
                     return Pruned(no_tables=True)
                 return _prune(conn, target, cut, dry_run)
         finally:
             eng.dispose()
+    except (OSError, ValueError) as exc:  # the driver's, while connecting (a TLS file, say)
+        if connected:
+            raise
+        raise LedgerError(f"cannot prune the ledger {target.redacted}: {describe(exc)}") from exc
     except SQLAlchemyError as exc:
         raise LedgerError(f"cannot prune the ledger {target.redacted}: "
                           f"{describe(getattr(exc, 'orig', None) or exc)}") from exc

@@ -163,7 +163,11 @@ def _reading(target: Target) -> Iterator[Connection]:
     """
     if target.dialect == "sqlite" and not os.path.exists(target.path):
         raise _NoLedger  # connecting would create an empty file
-    eng = _engine(target)
+    try:
+        eng = _engine(target)
+    except ValueError as exc:  # SQLAlchemy cannot read the URL that once's parser took
+        raise LedgerError(f"cannot read the ledger {target.redacted}: {describe(exc)}") from exc
+    reading = False
     try:
         for tries in (1, 2):
             with eng.connect() as conn:
@@ -173,9 +177,14 @@ def _reading(target: Target) -> Iterator[Connection]:
                     version = conn.execute(select(tables.meta.c.value).where(
                         tables.meta.c.name == "schema_version")).scalar()
                     if tries == 2 or int(version or 0) >= tables.SCHEMA_VERSION:
+                        reading = True
                         yield conn
                         return
             tables.ensure(target)
+    except (OSError, ValueError) as exc:  # the driver's, while connecting (a TLS file, say)
+        if reading:
+            raise
+        raise LedgerError(f"cannot read the ledger {target.redacted}: {describe(exc)}") from exc
     except SQLAlchemyError as exc:
         if _is_missing_table(exc):
             raise _NoLedger from None

@@ -111,6 +111,54 @@ def test_a_malformed_host_is_a_usage_error(tmp_path: Path, url: str) -> None:
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("url", ["mariadb://root@:/x", "postgresql://u@host:/x",
+                                 "postgresql://u@host:port/x", "mysql://u@[::1]:0/x",
+                                 "mysql://u@h:99999/x"])
+def test_a_bad_port_is_a_usage_error_for_every_command(tmp_path: Path, url: str) -> None:
+    # torture (bad input: URLs): the reports read the URL with SQLAlchemy, which failed on
+    # an empty or non-numeric port with a traceback.
+    once_env = {k: v for k, v in os.environ.items() if not k.startswith("ONCE_")}
+    once_env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    for args in (["run", "--job", "h", *DAY, "--db", url, "--", "touch", str(tmp_path / "r")],
+                 ["status", "--db", url], ["check", "--db", url], ["metrics", "--db", url],
+                 ["history", "h", "--db", url], ["logs", "h", "--db", url],
+                 ["prune", "--older-than", "1d", "--db", url], ["state", "h", "--db", url]):
+        assert "bad port" in one_line(run_once(*args, env=once_env), 2), args
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("query", ["connect_timeout=abc", "connect_timeout=0",
+                                   "ssl_ca=/nonexistent", "ssl_key=x&ssl_cert=y"])
+def test_a_mysql_query_the_driver_cannot_use_is_a_usage_error(tmp_path: Path,
+                                                              query: str) -> None:
+    # torture (bad input: URLs): the reports handed these to PyMySQL through SQLAlchemy,
+    # which failed with a traceback (int('abc'), FileNotFoundError) for every report.
+    once_env = {k: v for k, v in os.environ.items() if not k.startswith("ONCE_")}
+    once_env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    url = f"mariadb://root@127.0.0.1:1/x?{query}"
+    for args in (["run", "--job", "h", *DAY, "--db", url, "--", "touch", str(tmp_path / "r")],
+                 ["status", "--db", url], ["check", "--db", url], ["metrics", "--db", url],
+                 ["history", "h", "--db", url], ["logs", "h", "--db", url],
+                 ["prune", "--older-than", "1d", "--db", url]):
+        line = one_line(run_once(*args, env=once_env), 2)
+        assert query.partition("=")[0] in line, (args, line)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_mysql_ssl_file_that_is_no_certificate_is_one_line_and_75(
+        once_env: dict[str, str], ledger_url: str, tmp_path: Path) -> None:
+    if not ledger_url.startswith(("mysql", "mariadb")):
+        pytest.skip("?ssl_ca= is a MySQL/MariaDB URL parameter")
+    bogus = tmp_path / "ca.pem"
+    bogus.write_text("not a certificate\n")
+    url = f"{ledger_url}?ssl_ca={bogus}"
+    for args in (["status"], ["check"], ["metrics"], ["history", "h"],
+                 ["prune", "--older-than", "1d"], ["run", "--job", "h", *DAY, "--", "true"]):
+        result = run_once(args[0], "--db", url, *args[1:], env=once_env)
+        assert result.returncode == 75, (args, url, result.returncode, result.stderr)
+        one_line(result, 75)
+
+
 # -- 5. the stored name's length, the same on every backend -----------------------------------
 
 
