@@ -644,7 +644,8 @@ last line of a failure for `once history` and `once status --json`), sent as the
 failure pings' body (`--ping-body-tail`), and given to hooks in `ONCE_OUTPUT_FILE`. On a
 terminal nothing is captured. Once the command has ended, what its background processes
 still write is copied for a second more; after that they get a broken pipe. A slow reader
-gets every byte the command wrote, while `once` keeps renewing the claim.
+gets every byte the command wrote, while `once` keeps renewing the claim; when `once` was
+stopping the command (a signal, `--timeout`), for `--kill-after` at most.
 
 Privacy: whatever the command prints, secrets included, is readable by everyone who can read
 the ledger (and `once serve`'s `/api/status` shows the last line of each failure), and goes

@@ -27,7 +27,9 @@ and os.read/os.write release the GIL. Where it ends:
   is still kept.
 - a reader that stops reading: the relay waits in its write as the command would have, and
   the command blocks once the pipe is full; after the command's end, once waits for it
-  until a signal tells once to stop (then the result is recorded and the rest is dropped).
+  until a signal tells once to stop (then the result is recorded and the rest is dropped),
+  or, when once was stopping the command (a signal, --timeout), for the grace the command
+  had (once.runner).
 
 Stdlib only: imported by `once run` when it relays.
 """

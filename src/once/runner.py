@@ -309,6 +309,7 @@ class _Supervisor:
         self.ended = False  # the guard reported the command's end
         self.why: Kind | None = None  # timed-out or fenced-out, once we decided to stop it
         self.forwarded: int | None = None
+        self.stopped_at: float | None = None  # when the command was first told to stop
         self.pending: list[int] = []
         # As PID 1 (a container's init) we inherit every orphan of the command's tree and
         # must reap them as they die; otherwise we wait for the guard alone, so that a
@@ -382,19 +383,29 @@ class _Supervisor:
         """The command has ended: the relay delivers what it left in the pipes (once.relay),
         at the reader's pace, while the claim is renewed as it was while the command ran: a
         slow reader of once's output holds the period as it would have held the command.
-        Cut short by a signal to once, or by the lease's loss: the result comes first."""
+        Cut short by a signal to once, or by the lease's loss: the result comes first. A
+        command that once was stopping (a forwarded signal, --timeout, a step-down) had the
+        grace to end; its output gets as long (at least DRAIN), so that a reader that never
+        reads cannot keep `systemctl stop` or --timeout from being recorded."""
+        from once.relay import DRAIN
+
         relay = self.relay
         assert relay is not None
         if self.tty is not None:  # `once run ... | less`: less reads the keyboard meanwhile
             _guard.take_terminal(self.tty, os.getpgrp())
         relay.end()
         lease = self.lease
+        until = (None if self.stopped_at is None
+                 else max(self.stopped_at + self.grace, lease_now() + DRAIN))
         while relay.running() and not self.pending:
+            now = lease_now()
+            if until is not None and now >= until:
+                break
             if lease is not None:
                 if lease.lost or lease.expired:
                     break
-                self._beat_if_due(lease_now())
-            relay.join(0.2)
+                self._beat_if_due(now)
+            relay.join(0.2 if until is None else min(0.2, until - now))
         return relay.output()
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -506,6 +517,8 @@ class _Supervisor:
     def _stop(self, sig: int, now: float) -> None:
         """Send sig to the command's group now; SIGKILL follows after the grace."""
         self._killpg(sig)
+        if self.stopped_at is None:
+            self.stopped_at = now
         if self.kill_at is None and not self.killed:
             self.kill_at = now + self.grace
 

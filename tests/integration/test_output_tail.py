@@ -368,3 +368,47 @@ def test_a_done_attempt_has_no_last_line_column(once_env: dict[str, str],
     assert (entry["outcome"], entry["last_line"]) == ("done", None)
     [job] = json.loads(run_once("status", "ok", "--json", env=once_env).stdout)
     assert job["last_failure"] is None
+
+
+def _pipe_full(fd: int) -> bool:
+    """Whether the pipe whose read end is fd holds as much as it can."""
+    import array
+    import fcntl
+    import termios
+
+    held = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, held, True)
+    return held[0] >= fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "timeout"])
+def test_a_stop_is_not_held_up_by_a_reader_that_never_reads(
+        once_env: dict[str, str], ledger_url: str, tmp_path: Path, stop: str) -> None:
+    # systemctl stop, a pod's deletion or --timeout while once's stdout is a pipe that nobody
+    # reads (a stuck log shipper): the command is stopped, and once must record it and exit
+    # within --kill-after, not wait for the reader for ever while it renews the claim (until
+    # systemd's or Kubernetes' SIGKILL, which leaves the attempt unrecorded).
+    read, write = os.pipe()
+    timeout = ["--timeout", "2"] if stop == "timeout" else []
+    try:
+        proc = subprocess.Popen(
+            [ONCE, "run", "--job", "stuck", *DAY, "--kill-after", "2", *timeout, "--",
+             sys.executable, "-c", "import os; os.write(1, b'x' * 5_000_000)"],
+            env=once_env, stdout=write, stderr=subprocess.PIPE)
+        os.close(write)
+        try:
+            wait_for(lambda: _pipe_full(read), what="once's stdout to fill up")
+            if stop == "sigterm":
+                proc.send_signal(signal.SIGTERM)
+            err = proc.communicate(timeout=60)[1]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    finally:
+        os.close(read)
+    expected = (143, "interrupted") if stop == "sigterm" else (124, "timed-out")
+    assert proc.returncode == expected[0], err
+    [(_, outcome, code, output)] = stored(ledger_url, "stuck")
+    assert (outcome, code) == (expected[1], 143)
+    assert output and set(output) == {"x"}
