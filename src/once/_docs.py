@@ -585,7 +585,8 @@ CHILD_ENV = (
     ("ONCE_STATUS", "In hooks: the exit status of `once run`."),
     ("ONCE_OUTPUT_FILE", "In hooks, when the command's output was captured: a file (mode "
                          "0600, removed after the hook) holding its last `--output-tail` "
-                         "bytes as the command wrote them."),
+                         "bytes as the command wrote them (unset where it cannot be "
+                         "written: a full or read-only temporary directory)."),
 )
 
 CHILD_ENV_INTRO = """\

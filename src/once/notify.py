@@ -104,7 +104,7 @@ class Notifier:
         hook = {"success": self.on_success, "failure": self.on_failure,
                 "skip": self.on_skip}[kind]
         if hook:
-            with output_file(output) as path:
+            with output_file(output, HOOK_OPTIONS[kind], log) as path:
                 extra = {"ONCE_OUTPUT_FILE": path} if path else {}
                 run_hook(hook, {**env, "ONCE_OUTCOME": outcome, "ONCE_STATUS": str(status),
                                 **extra}, HOOK_OPTIONS[kind], log)
@@ -137,20 +137,35 @@ def ping_body(output: bytes | None, limit: int) -> bytes | None:
 
 
 @contextlib.contextmanager
-def output_file(output: bytes | None) -> Iterator[str]:
+def output_file(output: bytes | None, option: str = "hook",
+                log: Log | None = None) -> Iterator[str]:
     """A file (mode 0600) holding the output's tail as captured, for a hook's
-    ONCE_OUTPUT_FILE, removed when the hook is done; '' when nothing was captured."""
+    ONCE_OUTPUT_FILE, removed when the hook is done; '' when nothing was captured, or when
+    it cannot be written (a full or read-only temporary directory: told through log, and the
+    hook runs without it, as hooks never change the outcome)."""
     if output is None:
         yield ""
         return
     import tempfile
 
-    fd, path = tempfile.mkstemp(prefix="once-output-")
+    path = ""
     try:
+        fd, path = tempfile.mkstemp(prefix="once-output-")
         with os.fdopen(fd, "wb") as handle:
             handle.write(output)
+    except OSError as exc:
+        _remove(path)
+        path = ""
+        (log or _say)(f"{option} hook: ONCE_OUTPUT_FILE could not be written "
+                      f"({exc.strerror or exc}); the hook runs without it", "hook-failed")
+    try:
         yield path
     finally:
+        _remove(path)
+
+
+def _remove(path: str) -> None:
+    if path:
         with contextlib.suppress(OSError):
             os.unlink(path)
 

@@ -10,6 +10,7 @@ do not depend on the ledger's dialect runs on SQLite only (ids end in [sqlite]);
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -549,3 +550,40 @@ def test_a_hook_reads_the_output_from_once_output_file(env: dict[str, str],
                  'echo "[${ONCE_OUTPUT_FILE-unset}]" > "$DIR/unset"', "--", "true", env=env)
     assert quiet.returncode == 0
     assert (tmp_path / "unset").read_text() == "[unset]\n"
+
+
+def _in_full_tmp(command: list[str], tmp: Path) -> list[str]:
+    """command in a mount namespace of its own where tmp is a full filesystem (a tmpfs of one
+    page: a file can be made, 16 KiB cannot be written), or [] where that is not allowed."""
+    if shutil.which("unshare") is None:
+        return []
+    tmp.mkdir()
+    probe = subprocess.run(["unshare", "--mount", "--map-root-user", "true"],
+                           capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        return []
+    mount = f'mount -t tmpfs -o size=4k tmpfs "{tmp}" && exec "$@"'
+    return ["unshare", "--mount", "--map-root-user", "sh", "-c", mount, "sh", *command]
+
+
+@sqlite_only
+def test_a_hook_runs_when_once_output_file_cannot_be_written(env: dict[str, str],
+                                                            tmp_path: Path) -> None:
+    # A full /tmp, or a container's read-only root: the hook (the failure's alarm) still runs,
+    # without ONCE_OUTPUT_FILE, and the outcome and the exit status are the command's.
+    full = tmp_path / "full"
+    hook = 'echo "[${ONCE_OUTPUT_FILE-unset}] $ONCE_OUTCOME" > "$DIR/hook"'
+    command = _in_full_tmp([ONCE, "run", "--job", "hooked", *DAY, "--on-failure", hook, "--",
+                            "sh", "-c", "head -c 20000 /dev/zero | tr '\\0' x; exit 3"], full)
+    if not command:
+        pytest.skip("no mount namespace here to fill a temporary directory")
+    result = subprocess.run(command, env={**env, "TMPDIR": str(full)}, capture_output=True,
+                            timeout=60)
+    assert result.returncode == 3, result.stderr
+    assert result.stdout == b"x" * 20000
+    assert (tmp_path / "hook").read_text() == "[unset] failed\n"
+    assert result.stderr.decode().splitlines() == [
+        "once: --on-failure hook: ONCE_OUTPUT_FILE could not be written (No space left on "
+        "device); the hook runs without it"]
+    assert query(env["ONCE_DATABASE_URL"], "SELECT outcome, exit_code FROM once_attempts") == [
+        ("failed", 3)]
