@@ -6,6 +6,7 @@ cure, a ledger later commands could not read, or a silent wrong answer.
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -388,9 +389,9 @@ def test_periods_before_the_year_1000_are_stored_alike_and_read_back(
         assert starts["0001-01-01"] == "0001-01-01 00:00:00.000000", starts
         assert starts["0999-12-31"] == "0999-12-31 00:00:00.000000", starts
     reports_read(once_env)
-    # The latest done period is today's, not the year 999's: nothing to catch up.
-    dry = run_once("catchup", "--job", "r", *DAY, "--dry-run", env=once_env)
-    assert dry.returncode == 0 and dry.stdout == "", (dry.stdout[:200], dry.stderr)
+    # The latest done period is today's, not one of the years 100-999 (which sorted after
+    # 2026 when unpadded), and the first is the year 1's.
+    _latest_and_first_are(once_env, "0001-01-01")
 
 
 def test_a_year_an_earlier_version_wrote_unpadded_is_read_and_repaired(
@@ -411,8 +412,19 @@ def test_a_year_an_earlier_version_wrote_unpadded_is_read_and_repaired(
                              "'0999-12-31'") == [("0999-12-31 00:00:00.000000",)]
     assert query(ledger_url, "SELECT first_period_start FROM once_jobs") == [
         ("0999-12-31 00:00:00.000000",)]
-    dry = run_once("catchup", "--job", "r", *DAY, "--dry-run", env=once_env)
-    assert dry.returncode == 0 and dry.stdout == "", (dry.stdout[:200], dry.stderr)
+    _latest_and_first_are(once_env, "0999-12-31")
+
+
+def _latest_and_first_are(once_env: dict[str, str], first: str) -> None:
+    status = run_once("status", "--json", env=once_env)
+    (job,) = json.loads(status.stdout)
+    today = datetime.now(UTC).date().isoformat()
+    assert (job["last_done"], job["first_period"]) == (today, first), job
+    # Catch-up starts at the oldest gap, the day after the first period.
+    dry = run_once("catchup", "--job", "r", *DAY, "--dry-run", "--max", "1", env=once_env)
+    assert dry.returncode == 0, dry.stderr
+    after = datetime.strptime(first, "%Y-%m-%d").date() + timedelta(days=1)
+    assert dry.stdout.split()[0] == f"{after.year:04d}-{after:%m-%d}", dry.stdout
 
 
 # -- 9. seeding a watermark before the first run ---------------------------------------------
