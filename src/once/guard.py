@@ -148,7 +148,7 @@ def _wait(pid: int, watch: Watch | None, report: int) -> tuple[int, bool]:
         wake = deadline if stopping else deadline - grace
         watched = [pidfd, fd] if fd >= 0 else [pidfd]
         pause = min(MAX_SLEEP, max(0.0, wake - lease_now()))
-        readable, _, _ = select.select(watched, [], [], pause)
+        readable = ready(watched, pause)
         if pidfd in readable:
             return os.waitpid(pid, 0)[1], stopping
         if fd in readable:
@@ -166,6 +166,17 @@ def _wait(pid: int, watch: Watch | None, report: int) -> tuple[int, bool]:
         elif not stopping and now >= deadline - grace:
             os.killpg(0, signal.SIGTERM)
             stopping = True
+
+
+def ready(fds: list[int], timeout: float) -> set[int]:
+    """Which of fds can be read (data, its end, an exited pidfd) within timeout seconds.
+
+    poll, not select: select cannot watch a descriptor numbered 1024 or more, which ours are
+    when once is started by a process that leaks its own."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return {fd for fd, _ in poller.poll(timeout * 1000)}
 
 
 def take_terminal(tty: int, pgrp: int) -> None:

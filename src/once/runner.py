@@ -22,7 +22,6 @@ from __future__ import annotations
 import errno
 import os
 import queue
-import select
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -440,8 +439,7 @@ class _Supervisor:
         chunks = b""
         while True:
             idle = self.relay.idle() if self.relay is not None else []
-            readable, _, _ = select.select([self.report, self.wake_r, *idle], [], [],
-                                           self._next_timer())
+            readable = _guard.ready([self.report, self.wake_r, *idle], self._next_timer())
             for fd in set(readable).intersection(idle):
                 self.relay.stirred(fd)  # type: ignore[union-attr]  # the command spoke
             if self.wake_r in readable:

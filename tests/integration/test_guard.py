@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -243,3 +244,26 @@ def test_rerun_checks_kill_after_against_the_jobs_stale_after(
     assert "does not fit --stale-after 3s" in result.stderr
     assert not (tmp_path / "ran").exists()
     assert query(ledger_url, "SELECT count(*) FROM once_attempts") == [(1,)]
+
+
+# Started by a parent that leaks its descriptors (1100 of them, past select()'s 1024): once's
+# own pipes, and its guard's, are numbered past 1024.
+_MANY_FDS = ("import os, resource, sys\n"
+             "resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))\n"
+             "for _ in range(1100): os.set_inheritable(os.open(os.devnull, os.O_RDONLY), True)\n"
+             "os.execv(sys.argv[1], sys.argv[1:])\n")
+
+
+def test_once_runs_with_descriptors_numbered_past_1024(once_env: dict[str, str],
+                                                       ledger_url: str) -> None:
+    hard = __import__("resource").getrlimit(__import__("resource").RLIMIT_NOFILE)[1]
+    if hard != -1 and hard < 4096:
+        pytest.skip("the hard limit on open files is below 4096")
+    for tail in ("16KiB", "0"):
+        result = subprocess.run(
+            [sys.executable, "-c", _MANY_FDS, ONCE, "run", "--job", f"fds-{tail}", *DAY,
+             "--output-tail", tail, "--", "echo", "hi"],
+            env=once_env, capture_output=True, text=True, timeout=60)
+        assert (result.returncode, result.stdout, result.stderr) == (0, "hi\n", ""), tail
+    assert query(ledger_url, "SELECT job, outcome FROM once_attempts ORDER BY job") == [
+        ("fds-0", "done"), ("fds-16KiB", "done")]
