@@ -11,6 +11,7 @@ what is missing.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -160,6 +161,10 @@ def ddl(dialect: str) -> Iterator[str]:
 
 def engine(target: Target) -> Engine:
     """A SQLAlchemy engine on the ledger (NullPool: a CLI opens one connection and leaves)."""
+    # SQLAlchemy logs what fails while it gives a connection back (the rollback of one the
+    # server killed): with no handler of ours, Python's last resort printed that traceback
+    # on once's stderr. The errors that matter reach once as exceptions; these go nowhere.
+    logging.getLogger("sqlalchemy").addHandler(logging.NullHandler())
     eng = create_engine(target.sqlalchemy_url, poolclass=NullPool, **_engine_args(target))
     if target.dialect == "sqlite":
         # pysqlite would not open a transaction before DDL; take SQLite's write lock up front
