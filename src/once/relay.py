@@ -272,8 +272,10 @@ class Relay:
                     return  # every writer has closed it
                 if budget is not None:
                     budget -= len(data)
-                out.write(data)
+                # Kept before it is passed on: the command has said it, even if a reader
+                # that never reads keeps it from going further.
                 self.tail.add(data)
+                out.write(data)
                 if out.gone:
                     return  # the reader is gone: the command gets EPIPE from now on
         finally:

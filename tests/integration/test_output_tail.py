@@ -412,3 +412,53 @@ def test_a_stop_is_not_held_up_by_a_reader_that_never_reads(
     [(_, outcome, code, output)] = stored(ledger_url, "stuck")
     assert (outcome, code) == (expected[1], 143)
     assert output and set(output) == {"x"}
+
+
+def _emptied(path: str) -> bool:
+    """Whether the pipe at path (a /proc/PID/fd/N of the command's) holds nothing."""
+    import array
+    import fcntl
+    import termios
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a reader of it, which reads nothing
+    try:
+        held = array.array("i", [0])
+        fcntl.ioctl(fd, termios.FIONREAD, held, True)
+        return held[0] == 0
+    finally:
+        os.close(fd)
+
+
+def test_what_could_not_be_delivered_is_still_in_the_tail(
+        once_env: dict[str, str], ledger_url: str, tmp_path: Path) -> None:
+    # once's stdout is full before the command says anything (a stuck log shipper): the
+    # lines the relay took from the command but could not pass on are what the command said,
+    # and the stored tail must have them (it had only what reached the reader: nothing).
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    with pytest.raises(BlockingIOError):
+        while True:
+            os.write(write, b"." * 4096)
+    os.set_blocking(write, True)
+    pid_file = tmp_path / "pid"
+    script = f"echo 'disk full'; echo $$ > {pid_file}; exec sleep 60"
+    try:
+        proc = subprocess.Popen([ONCE, "run", "--job", "full", *DAY, "--kill-after", "2", "--",
+                                 "sh", "-c", script],
+                                env=once_env, stdout=write, stderr=subprocess.PIPE)
+        os.close(write)
+        try:
+            wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(),
+                     what="the command to speak")
+            stdout = f"/proc/{pid_file.read_text().strip()}/fd/1"
+            wait_for(lambda: _emptied(stdout), what="the relay to take its line")
+            proc.send_signal(signal.SIGTERM)
+            err = proc.communicate(timeout=60)[1]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    finally:
+        os.close(read)
+    assert proc.returncode == 143, err
+    assert stored(ledger_url, "full") == [(1, "interrupted", 143, "disk full\n")]
