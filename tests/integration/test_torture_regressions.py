@@ -212,10 +212,15 @@ def test_a_first_use_waits_for_the_schema_on_one_connection(
         holder: Any = psycopg.connect(target.connect_args["conninfo"], autocommit=True)
         holder.execute("SELECT pg_advisory_lock(7310504102)")  # the schema lock
 
+        # Only this test's `once` (libpq sends PGAPPNAME as application_name): other tests
+        # and other sessions may share the database.
+        app = f"once-first-use-{os.getpid()}"
+        once_env = {**once_env, "PGAPPNAME": app}
+
         def connections() -> int:
             return int(holder.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND pid <> pg_backend_pid()").fetchone()[0])
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                (app,)).fetchone()[0])
 
         def release() -> None:
             holder.execute("SELECT pg_advisory_unlock(7310504102)")
