@@ -159,12 +159,15 @@ def ddl(dialect: str) -> Iterator[str]:
             yield str(CreateIndex(index, if_not_exists=True).compile(dialect=target)).strip()
 
 
+# SQLAlchemy logs what fails while it gives a connection back (the rollback of one the server
+# killed): with no handler of ours, Python's last resort printed that traceback on once's
+# stderr. The errors that matter reach once as exceptions; these go nowhere. Set on import:
+# every module that builds an engine (reports, once serve) imports this one.
+logging.getLogger("sqlalchemy").addHandler(logging.NullHandler())
+
+
 def engine(target: Target) -> Engine:
     """A SQLAlchemy engine on the ledger (NullPool: a CLI opens one connection and leaves)."""
-    # SQLAlchemy logs what fails while it gives a connection back (the rollback of one the
-    # server killed): with no handler of ours, Python's last resort printed that traceback
-    # on once's stderr. The errors that matter reach once as exceptions; these go nowhere.
-    logging.getLogger("sqlalchemy").addHandler(logging.NullHandler())
     eng = create_engine(target.sqlalchemy_url, poolclass=NullPool, **_engine_args(target))
     if target.dialect == "sqlite":
         # pysqlite would not open a transaction before DDL; take SQLite's write lock up front
