@@ -29,7 +29,7 @@ types: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench.py $(BENCH_ARGS)
 
-# Fault injection on SQLite, PostgreSQL (embedded) and MariaDB: 10 to 25 minutes on two cores.
+# Fault injection on SQLite, PostgreSQL (embedded) and MariaDB: about an hour on two cores at scale 1 (the fleet, clock and hostile-input rows).
 # Not part of `make test`; TORTURE_SCALE=0.1 for a quick pass (README: Torture test).
 torture: $(STAMP)
 	@command -v faketime >/dev/null || { apt-get update -qq && apt-get install -y -qq faketime; } \
