@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from once.ledger import parse_url
@@ -40,3 +41,17 @@ def scalar(url: str, sql: str, params: Any = None) -> Any:
     rows = query(url, sql, params)
     assert len(rows) == 1 and len(rows[0]) == 1, rows
     return rows[0][0]
+
+
+def db_time(url: str, instant: datetime) -> Any:
+    """An instant as the backend stores it (SQLite: text; MySQL: naive UTC; PostgreSQL)."""
+    at = instant.astimezone(UTC)
+    dialect = parse_url(url).dialect
+    if dialect == "sqlite":
+        return at.strftime("%Y-%m-%d %H:%M:%S.%f")
+    return at if dialect == "postgresql" else at.replace(tzinfo=None)
+
+
+def placeholders(sql: str, url: str) -> str:
+    """`?` placeholders in the driver's style."""
+    return sql if parse_url(url).dialect == "sqlite" else sql.replace("?", "%s")

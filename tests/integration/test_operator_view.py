@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from helpers import ONCE, run_once
-from ledger_sql import query
+from ledger_sql import db_time, placeholders, query
 from once.ledger import parse_url
 from procs import Terminal
 
@@ -49,18 +49,6 @@ def raw_controls(text: str) -> list[str]:
 
     bare = re.sub(r"\x1b\[[0-9;]*m", "", text)  # colour and bold: rich's own
     return [ch for ch in bare if not (ch.isprintable() or ch in "\n\r ")]
-
-
-def db_time(url: str, instant: datetime) -> Any:
-    at = instant.astimezone(UTC)
-    dialect = parse_url(url).dialect
-    if dialect == "sqlite":
-        return at.strftime("%Y-%m-%d %H:%M:%S.%f")
-    return at if dialect == "postgresql" else at.replace(tzinfo=None)
-
-
-def placeholders(sql: str, url: str) -> str:
-    return sql if parse_url(url).dialect == "sqlite" else sql.replace("?", "%s")
 
 
 def make_stale(url: str, job: str, period: str) -> None:

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from helpers import ONCE, run_once
-from ledger_sql import query
+from ledger_sql import db_time, placeholders, query
 from once.ledger import parse_url
 from once.periods import Period, schedule
 
@@ -73,24 +73,10 @@ def check_lines(env: dict[str, str], *args: str) -> tuple[int, list[str]]:
 # -- writing a past state with SQL -----------------------------------------------------------
 
 
-def db_time(url: str, instant: datetime) -> Any:
-    """An instant as the backend stores it (SQLite: text; MySQL: naive UTC; PostgreSQL)."""
-    at = instant.astimezone(UTC)
-    dialect = parse_url(url).dialect
-    if dialect == "sqlite":
-        return at.strftime("%Y-%m-%d %H:%M:%S.%f")
-    return at if dialect == "postgresql" else at.replace(tzinfo=None)
-
-
-def mark(dialect_sql: str, url: str) -> str:
-    """`?` placeholders in the driver's style."""
-    return dialect_sql if parse_url(url).dialect == "sqlite" else dialect_sql.replace("?", "%s")
-
-
 def set_running(url: str, job: str, period: str, heartbeat: datetime) -> None:
     """Turn a row into a running attempt whose last heartbeat was at `heartbeat`."""
-    query(url, mark("UPDATE once_runs SET status='running', finished_at=NULL, exit_code=NULL, "
-                    "heartbeat_at=? WHERE job=? AND period=?", url),
+    query(url, placeholders("UPDATE once_runs SET status='running', finished_at=NULL, "
+                            "exit_code=NULL, heartbeat_at=? WHERE job=? AND period=?", url),
           (db_time(url, heartbeat), job, period))
 
 
@@ -101,9 +87,9 @@ def insert_done(url: str, job: str, periods: list[Period]) -> None:
     rows = [(job, p.key, "done", 1, 1000 + i, "seed", db_time(url, p.start), db_time(url, p.end),
              db_time(url, now), db_time(url, now), db_time(url, now), 0)
             for i, p in enumerate(periods)]
-    sql = mark("INSERT INTO once_runs (job, period, status, attempt, fence, owner, period_start, "
-               "period_end, started_at, heartbeat_at, finished_at, exit_code) "
-               "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", url)
+    sql = placeholders("INSERT INTO once_runs (job, period, status, attempt, fence, owner, "
+                       "period_start, period_end, started_at, heartbeat_at, finished_at, "
+                       "exit_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", url)
     if target.dialect == "sqlite":
         import sqlite3
 
@@ -580,7 +566,7 @@ def test_a_sharded_period_is_done_only_when_every_shard_is(once_env: dict[str, s
     assert result.returncode == 0, result.stderr
     assert len(query(ledger_url, "SELECT period FROM once_runs")) == 9
     assert check_lines(once_env)[0] == 0
-    query(ledger_url, mark("DELETE FROM once_runs WHERE period IN (?, ?, ?)", ledger_url),
+    query(ledger_url, placeholders("DELETE FROM once_runs WHERE period IN (?, ?, ?)", ledger_url),
           (f"{day(-2)}#1", f"{day(-1)}#0", f"{day(-1)}#2"))
     code, lines = check_lines(once_env)
     assert (code, lines) == (2, [f"CRITICAL sh {day(-2)}#1 missing",
@@ -589,7 +575,7 @@ def test_a_sharded_period_is_done_only_when_every_shard_is(once_env: dict[str, s
     (entry,) = status_json(once_env, "sh", "--timeline", "--last", "3")
     assert entry["missing"] == 3
     assert [c["state"] for c in entry["timeline"]] == ["missing", "missing", "done"]
-    query(ledger_url, mark("DELETE FROM once_runs WHERE period = ?", ledger_url),
+    query(ledger_url, placeholders("DELETE FROM once_runs WHERE period = ?", ledger_url),
           (f"{day(-1)}#1",))
     assert check_lines(once_env)[1] == [f"CRITICAL sh {day(-2)}#1 missing",
                                         f"CRITICAL sh {day(-1)}#0 missing",
