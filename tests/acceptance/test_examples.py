@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml_free_cronjob as k8s
 
-from once import _docs
+from once._docs import prose
 from once.cli import cli, load_commands
 
 load_commands()  # every command, not only `run`
@@ -100,7 +100,7 @@ def crontabs() -> list[tuple[str, list[str]]]:
         if any(CRON_LINE.match(row) for row in block):
             found.append((f"README.md, the block ending at line {n - 1}", block))
         block = []
-    for n, (_text, example) in enumerate(_docs.EXAMPLES, 1):
+    for n, (_text, example) in enumerate(prose.EXAMPLES, 1):
         if any(CRON_LINE.match(row) for row in example.splitlines()):
             found.append((f"man page example {n}", example.splitlines()))
     return found

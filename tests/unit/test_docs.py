@@ -14,7 +14,10 @@ from pathlib import Path
 import click
 import pytest
 
-from once import _docs
+from once._docs.completions import SHELLS, completion_scripts, write_completions
+from once._docs.man import man_page
+from once._docs.options import envvars, root_context
+from once._docs.prose import CHILD_ENV, ENV_FIXED, example_commands
 from once.cli import cli, load_commands
 from once.complete import job_names
 
@@ -76,25 +79,25 @@ def section(page: str, name: str) -> str:
 
 def test_man_page_is_current() -> None:
     assert MAN.exists(), f"man/once.1 is missing: {STALE}"
-    assert MAN.read_text(encoding="utf-8") == _docs.man_page(), (
+    assert MAN.read_text(encoding="utf-8") == man_page(), (
         f"man/once.1 differs from what the click definitions make now: {STALE}"
     )
 
 
-@pytest.mark.parametrize("filename", [name for name, _ in _docs.SHELLS])
+@pytest.mark.parametrize("filename", [name for name, _ in SHELLS])
 def test_completion_script_is_current(filename: str) -> None:
     path = COMPLETIONS / filename
     assert path.exists(), f"completions/{filename} is missing: {STALE}"
-    assert path.read_text(encoding="utf-8") == _docs.completion_scripts()[filename], (
+    assert path.read_text(encoding="utf-8") == completion_scripts()[filename], (
         f"completions/{filename} differs from what click makes now: {STALE}"
     )
 
 
 def test_generation_is_deterministic(tmp_path: Path) -> None:
-    assert _docs.man_page() == _docs.man_page()
-    written = _docs.write_completions(tmp_path / "out")
-    assert sorted(p.name for p in written) == sorted(name for name, _ in _docs.SHELLS)
-    assert _docs.completion_scripts() == {p.name: p.read_text() for p in written}
+    assert man_page() == man_page()
+    written = write_completions(tmp_path / "out")
+    assert sorted(p.name for p in written) == sorted(name for name, _ in SHELLS)
+    assert completion_scripts() == {p.name: p.read_text() for p in written}
 
 
 # -- complete --------------------------------------------------------------------------------
@@ -138,23 +141,23 @@ def test_every_option_of_every_command_is_documented() -> None:
 
 def test_every_variable_an_option_reads_is_named() -> None:
     page = read_page()
-    root = _docs.root_context(cli)
+    root = root_context(cli)
     for name, cmd in visible_commands().items():
         ctx = click.Context(cmd, info_name=name, parent=root, **cmd.context_settings)
         for opt in visible_options(cmd):
-            for var in _docs.envvars(opt, ctx):
+            for var in envvars(opt, ctx):
                 assert roff(var) in page, f"{var} (once {name}) is not in man/once.1: {STALE}"
 
 
 def test_every_variable_the_page_names_exists() -> None:
     """A variable in the prose that no option reads any more (or never did) is a stale page."""
     page = read_page()
-    root = _docs.root_context(cli)
-    known = {name for name, _ in _docs.CHILD_ENV} | {name for name, _ in _docs.ENV_FIXED}
+    root = root_context(cli)
+    known = {name for name, _ in CHILD_ENV} | {name for name, _ in ENV_FIXED}
     for name, cmd in visible_commands().items():
         ctx = click.Context(cmd, info_name=name, parent=root, **cmd.context_settings)
         for opt in visible_options(cmd):
-            known.update(_docs.envvars(opt, ctx))
+            known.update(envvars(opt, ctx))
     named = set(re.findall(r"(?<![A-Z_])ONCE_[A-Z][A-Z_]*", page))
     assert named <= known, f"man/once.1 names variables nothing reads: {sorted(named - known)}"
 
@@ -242,8 +245,8 @@ def test_readme_mentions_every_command() -> None:
 
 
 def test_examples_parse_against_the_cli() -> None:
-    root = _docs.root_context(cli)
-    found = list(_docs.example_commands())
+    root = root_context(cli)
+    found = list(example_commands())
     assert {argv[0] for argv in found} >= {"run", "catchup", "check"}
     for argv in found:
         cmd = cli.commands.get(argv[0])
