@@ -3,7 +3,8 @@
 A schedule cuts time into periods, half-open intervals [start, end) that tile the time line
 (each period ends where the next starts), following the wall clock of an IANA time zone.
 This module is pure, no I/O and no database, and imports only the standard library at
-import time: it runs on every cron fire. cronsim is imported when a cron schedule is built.
+import time: it runs on every cron fire. Cron schedules live in once.cron, imported (with
+cronsim) when one is built.
 
 The rules are the README's "Periods"; daylight saving time forces these choices:
 
@@ -25,12 +26,12 @@ The rules are the README's "Periods"; daylight saving time forces these choices:
   [01:00, 02:30) keyed ...T01:00+10:30 and [02:30, 03:00) keyed ...T02:30+11:00.
 * Cron. A period runs from a fire time to the next one, and an instant exactly on a fire
   time starts that fire time's period. cronsim parses the expression and matches dates; the
-  fire times are computed here from the zone's offsets, as Debian cron fires: a fixed time
-  (`30 1 * * *`) fires once, the first time the clock reads it (once in a repeated hour) or,
-  if a gap skips it, at the end of the gap; an expression with `*` in its minute or hour
-  field (`*/30 * * * *`) follows the clock, firing at every instant the clock reads a time it
-  names (in both passes of a repeated hour, not in a gap). cronsim's own walk through time
-  hung or skipped fire times where the offset changes by less than an hour.
+  fire times are computed (in once.cron) from the zone's offsets, as Debian cron fires: a
+  fixed time (`30 1 * * *`) fires once, the first time the clock reads it (once in a
+  repeated hour) or, if a gap skips it, at the end of the gap; an expression with `*` in its
+  minute or hour field (`*/30 * * * *`) follows the clock, firing at every instant the clock
+  reads a time it names (in both passes of a repeated hour, not in a gap). cronsim's own
+  walk through time hung or skipped fire times where the offset changes by less than an hour.
 * Keys: 2026 (year), 2026-Q4, 2026-10 (month), 2026-W44 (ISO year and week), 2026-10-27
   (day); clock and cron specs use the local start to the minute with its UTC offset,
   2026-10-27T10:00+01:00 (seconds show only for the odd pre-1972 offset that has them).
@@ -47,8 +48,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from bisect import bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -59,7 +59,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ZERO = timedelta(0)
 _SECOND = timedelta(seconds=1)
 _TICK = timedelta(microseconds=1)
-_MINUTE = timedelta(minutes=1)
 # An instant for the example keys in error messages.
 _EXAMPLE = datetime(2026, 10, 27, 9, 0, tzinfo=UTC)
 
@@ -403,142 +402,6 @@ class _Calendar(Schedule):
         return self._start(first)
 
 
-class _Cron(Schedule):
-    """A period runs from a fire time of a five-field cron expression to the next one.
-
-    cronsim parses the expression and says which local dates it matches; the fire times are
-    computed here, exactly, from the zone's offsets. (cronsim's own walk through time hangs,
-    or skips fire times, where a zone's offset changes by less than an hour: Asia/Colombo
-    2006-04-15, Australia/Lord_Howe twice a year.) Every evaluation is bounded: one date at a
-    time for at most YEARS years, each date's fire times found by bisecting the sorted
-    hour:minute list when its offset does not change that day, and by at most two conversions
-    per hour:minute when it does. A period is (the latest fire time <= instant, the earliest
-    after it), so periods tile time by construction.
-    """
-
-    kind = "cron"
-    YEARS = 50  # as cronsim: an expression that does not fire within 50 years never fires
-
-    def __init__(self, expr: str, tz_name: str) -> None:
-        super().__init__(expr, tz_name)
-        from cronsim import CronSim, CronSimError  # here, not at the top: importing it costs 12 ms
-
-        fields = expr.split()
-        if len(fields) != 5:
-            raise SpecError(
-                f"--cron {expr!r}: use five fields, minute hour day-of-month month day-of-week"
-            )
-        try:
-            parsed = CronSim(expr, datetime(2000, 1, 1))
-        except CronSimError as exc:
-            raise SpecError(f"--cron {expr!r}: {str(exc).lower()}") from None
-        self._months = frozenset(parsed.months)
-        self._matches: Callable[[date], bool] = parsed.match_day
-        # The local times it fires at, in minutes after midnight, sorted.
-        self._times = sorted(60 * hour + minute for hour in parsed.hours
-                             for minute in parsed.minutes)
-        # As Debian cron: `*` in the minute or hour field follows the clock (both passes of a
-        # repeated hour, nothing in a gap); a fixed time fires at its first instant (once in a
-        # repeated hour, at the end of a gap that skips it).
-        self._follows_clock = fields[0].startswith("*") or fields[1].startswith("*")
-        self._plans: dict[date, datetime | list[datetime]] = {}  # see _plan
-
-    def containing(self, instant: datetime) -> Period:
-        at = _utc(instant)
-        start = self._fire(at, backwards=True).astimezone(self.tz)
-        end = self._fire(at, backwards=False).astimezone(self.tz)
-        return Period(_clock_key(start), start, end)
-
-    def _key_instant(self, key: str) -> datetime | None:
-        return _clock_key_instant(key)
-
-    def _fire(self, at: datetime, backwards: bool) -> datetime:
-        """The latest fire time <= at (backwards), else the earliest one > at; in UTC.
-
-        Dates are tried from the one before at's local date (after it, backwards), up to the
-        one after the first date that has an answer: a fall-back across midnight can put a
-        date's fire times before the previous date's last ones.
-        """
-        step = timedelta(days=-1 if backwards else 1)
-        found: datetime | None = None
-        stop: date | None = None
-        for day in self._dates(at.astimezone(self.tz).date() - step, backwards):
-            if stop is not None and (day < stop if backwards else day > stop):
-                break
-            fire = self._on(day, at, backwards)
-            if fire is not None and (found is None or (fire > found if backwards
-                                                       else fire < found)):
-                found = fire
-                stop = stop or day + step
-        if found is None:
-            where = "before" if backwards else "after"
-            raise SpecError(f"{self} never fires {where} {iso(at)}")
-        return found
-
-    def _dates(self, first: date, backwards: bool) -> Iterator[date]:
-        """The dates the expression matches, from first on (back from first), over at most
-        YEARS years (a bounded count of steps); nothing past the calendar's ends."""
-        step = timedelta(days=-1 if backwards else 1)
-        day = first
-        try:
-            for _ in range(self.YEARS * 366):
-                if day.month not in self._months:  # to the month's last day, or the next's first
-                    day = (day.replace(day=1) + step if backwards
-                           else (day.replace(day=28) + 4 * step).replace(day=1))
-                    continue
-                if self._matches(day):
-                    yield day
-                day += step
-        except OverflowError:
-            return
-
-    def _on(self, day: date, at: datetime, backwards: bool) -> datetime | None:
-        """The date's latest fire time <= at (backwards), else its earliest one > at."""
-        plan = self._plan(day)
-        if isinstance(plan, datetime):  # one offset all day: fire times are midnight + times
-            i = bisect_right(self._times, (at - plan) // _MINUTE)
-            if backwards:
-                return plan + self._times[i - 1] * _MINUTE if i else None
-            return plan + self._times[i] * _MINUTE if i < len(self._times) else None
-        i = bisect_right(plan, at)
-        if backwards:
-            return plan[i - 1] if i else None
-        return plan[i] if i < len(plan) else None
-
-    def _plan(self, day: date) -> datetime | list[datetime]:
-        """Local midnight in UTC when the zone's offset holds all day (two changes within
-        one day that cancel each other are not seen: tzdata has none since 1970), else the
-        date's fire times, sorted. Cached: neighbouring periods ask about the same dates."""
-        plan = self._plans.get(day)
-        if plan is None:
-            if len(self._plans) >= 512:
-                self._plans.clear()
-            midnight = datetime.combine(day, datetime.min.time())
-            offsets = {wall.replace(tzinfo=self.tz, fold=fold).utcoffset()
-                       for wall in (midnight, midnight + timedelta(days=1)) for fold in (0, 1)}
-            if len(offsets) == 1:
-                plan = (midnight - (offsets.pop() or _ZERO)).replace(tzinfo=UTC)
-            else:
-                plan = self._exact(midnight)
-            self._plans[day] = plan
-        return plan
-
-    def _exact(self, midnight: datetime) -> list[datetime]:
-        """A date's fire times, sorted, one wall time at a time (a date with an offset
-        change: at most two conversions per hour:minute)."""
-        fires = set()
-        for minutes in self._times:
-            wall = midnight + minutes * _MINUTE
-            if not self._follows_clock:
-                fires.add(self._first_instant(wall))
-                continue
-            for fold in (0, 1):  # each instant at which the clock reads wall: 0, 1 or 2
-                fire = wall.replace(tzinfo=self.tz, fold=fold).astimezone(UTC)
-                if fire.astimezone(self.tz).replace(tzinfo=None) == wall:
-                    fires.add(fire)
-        return sorted(fires)
-
-
 def _clock_unit(spec: str) -> timedelta:
     if spec in ("minute", "hour"):
         return timedelta(minutes=1 if spec == "minute" else 60)
@@ -569,7 +432,9 @@ def _every(spec: str, tz: str) -> Schedule:
 
 
 def cron(expr: str, tz: str) -> Schedule:
-    return _Cron(expr, tz)
+    from once.cron import CronSchedule  # here: `--every` schedules never load it
+
+    return CronSchedule(expr, tz)
 
 
 def schedule(every: str | None, cron: str | None, tz: str) -> Schedule:
@@ -579,7 +444,9 @@ def schedule(every: str | None, cron: str | None, tz: str) -> Schedule:
     if every is not None:
         return _every(every, tz)  # `every` the function is shadowed here
     if cron is not None:
-        return _Cron(cron, tz)
+        from once.cron import CronSchedule
+
+        return CronSchedule(cron, tz)
     raise SpecError("use --every SPEC or --cron EXPR")
 
 
