@@ -4,21 +4,18 @@ cronsim's walk through time (which once used until this release) hung forever in
 for `* 1 * * *` on Asia/Colombo 2006-04-15 (a 30-minute fall-back at 00:30) and for
 `15 */6 * * *` on America/St_Johns 1999-10-31 (a fall-back across midnight), and skipped fire
 times after Australia/Lord_Howe's 30-minute changes (`30 * * * *` had no 02:30 on the day the
-clock jumps from 02:00 to 02:30). once.periods now computes fire times itself, from the zone's
-offsets. Each case is numbered so that a failure names it; instants carry the offset the zone
-uses at that moment. The reference (`fire_times`) is written independently of the engine: it
-walks UTC minutes and reads the local clock, as cron does.
+clock jumps from 02:00 to 02:30). once now computes fire times itself (once.cron), from the
+zone's offsets. The cases are period tables (tests/period_table.py). The reference
+(`fire_times`) is written independently of the engine: it walks UTC minutes and reads the
+local clock, as cron does.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import subprocess
-import sys
 import zoneinfo
 from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from cronsim import CronSim
@@ -26,22 +23,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from once import periods
-from once.periods import Period, Schedule, iso
+from once.periods import Schedule, iso
+from period_table import LH, check_containing, in_child
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 C = "Asia/Colombo"  # 2006-04-15 00:30 +06:00 -> 00:00 +05:30: 00:00-00:30 happens twice
-LH = "Australia/Lord_Howe"  # 02:00 +10:30 -> 02:30 +11:00 in October, back in April
+# Lord Howe (LH): 02:00 +10:30 -> 02:30 +11:00 in October, back in April.
 SJ = "America/St_Johns"
 MINUTE = timedelta(minutes=1)
 TICK = timedelta(microseconds=1)
-
-
-def at(text: str) -> datetime:
-    return datetime.fromisoformat(text)
-
-
-def shown(period: Period) -> tuple[str, str, str]:
-    return period.key, iso(period.start), iso(period.end)
 
 
 # fmt: off
@@ -122,9 +111,7 @@ CRON_DST = [
 def test_containing(n: int, expr: str, tz: str, instant: str, key: str, start: str,
                     end: str) -> None:
     schedule = periods.cron(expr, tz)
-    period = schedule.containing(at(instant))
-    assert shown(period) == (key, start, end), f"case {n}"
-    assert schedule.from_key(key) == period, f"case {n}"
+    period = check_containing(schedule, n, instant, key, start, end)
     assert schedule.previous(schedule.next(period)) == period, f"case {n}"
     assert fire_times(schedule, period.start, utc(period.end) + TICK) == [
         utc(period.start), utc(period.end)], f"case {n}"
@@ -138,8 +125,7 @@ def test_the_expressions_cronsim_hangs_on_are_answered_at_once() -> None:
         f"for n, expr, tz, instant, *_ in {[c[:4] for c in CRON_DST]!r}:\n"
         "    periods.cron(expr, tz).containing(datetime.fromisoformat(instant))\n"
     )
-    subprocess.run([sys.executable, "-c", script], env={"PYTHONPATH": SRC}, check=True,
-                   timeout=60)
+    in_child(script)
 
 
 # -- the reference, and the property --------------------------------------------------------

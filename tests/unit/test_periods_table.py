@@ -1,39 +1,26 @@
 """Table tests for once.periods: exact keys and bounds, with offsets, around DST changes.
 
-Each case is numbered so that a failure names it. Instants are written with the offset the
-zone uses at that moment; expected bounds are iso() strings, so the offset is checked too.
+Each case is numbered so that a failure names it; its form and the harness, shared with
+test_periods_cron_dst.py, are in tests/period_table.py.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
 from once import periods
 from once.periods import Period, Schedule, SpecError, iso
+from period_table import LH, at, check_containing, in_child, shown
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 NY = "America/New_York"
-LH = "Australia/Lord_Howe"
 
 
 def make(spec: str, tz: str) -> Schedule:
     """A cron schedule when the spec has spaces, else an --every one."""
     return periods.cron(spec, tz) if " " in spec else periods.every(spec, tz)
-
-
-def at(text: str) -> datetime:
-    return datetime.fromisoformat(text)
-
-
-def shown(period: Period) -> tuple[str, str, str]:
-    return period.key, iso(period.start), iso(period.end)
 
 
 # fmt: off
@@ -218,12 +205,7 @@ CONTAINING = [
 def test_containing(
     n: int, spec: str, tz: str, instant: str, key: str, start: str, end: str
 ) -> None:
-    schedule = make(spec, tz)
-    period = schedule.containing(at(instant))
-    assert shown(period) == (key, start, end), f"case {n}"
-    assert period.start.tzinfo is schedule.tz and period.end.tzinfo is schedule.tz
-    # Every start in the table is a period's, so its key round-trips too.
-    assert schedule.from_key(key) == period, f"case {n}"
+    check_containing(make(spec, tz), n, instant, key, start, end)
 
 
 def test_instant_in_another_zone_is_the_same_instant() -> None:
@@ -648,6 +630,4 @@ def test_every_schedules_do_not_import_cronsim() -> None:
         "periods.every('day', 'Europe/Berlin').containing(datetime.now(UTC))\n"
         "assert 'cronsim' not in sys.modules, 'cronsim was imported'\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
-    assert (done.returncode, done.stderr) == (0, "")
+    in_child(script)
