@@ -15,44 +15,43 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import UTC
 from typing import Any
 
 from sqlalchemy import Connection, select
 
 from once import report
+from once import schema as tables
 from once.escape import shown, shown_lines
 from once.ledger import Target
-from once.periods import SpecError
 
-attempts = report.attempts
+attempts = tables.attempts
 
 
 def logs(target: Target, stored_job: str, period: str | None = None,
          attempt: int | None = None, as_json: bool = False) -> int:
     """Print one attempt's stored output; 2 when the job, period or attempt is unknown."""
     try:
-        with report._reading(target) as conn:
+        with report.reading(target) as conn:
             found = _entry(conn, target, stored_job, period, attempt)
-    except report._NoLedger:
+    except report.NoLedger:
         found = None
     if found is None:
-        report._say(f"unknown job {stored_job!r}: no run of it in the ledger "
+        report.say(f"unknown job {stored_job!r}: no run of it in the ledger "
                     f"{target.redacted}")
         return 2
     entry, output = found
     if entry is None:
         which = f"attempt {attempt}" if attempt is not None else "attempt"
         where = f" at period {period}" if period is not None else ""
-        report._say(f"job {stored_job} has no {which}{where}")
+        report.say(f"job {stored_job} has no {which}{where}")
         return 2
     if as_json:
-        report._print(json.dumps({**entry, "output": output}, indent=2))
+        report.write_line(json.dumps({**entry, "output": output}, indent=2))
         return 0
-    report._print(header(entry))
+    report.write_line(header(entry))
     sys.stdout.flush()
     if output is None:
-        report._say(_nothing(entry))
+        report.say(_nothing(entry))
     elif output:
         body = shown_lines(output)
         sys.stdout.write(body if body.endswith("\n") else body + "\n")
@@ -61,12 +60,12 @@ def logs(target: Target, stored_job: str, period: str | None = None,
 
 def header(entry: dict[str, Any]) -> str:
     """==> JOB PERIOD attempt N: OUTCOME (exit E), owner O, finished T after D <=="""
-    what = report._status_word(entry)
+    what = report.status_word(entry)
     if entry["exit_code"] is not None:
         what += f" (exit {entry['exit_code']})"
     if entry["finished_at"]:
         when = (f"finished {entry['finished_at']} after "
-                f"{report._took(entry['duration_s'])}")
+                f"{report.took(entry['duration_s'])}")
     else:
         when = f"started {entry['started_at']}"
     return shown(f"==> {entry['job']} {entry['period']} attempt {entry['attempt']}: {what}, "
@@ -86,7 +85,7 @@ def _entry(conn: Connection, target: Target, job: str, period: str | None,
            attempt: int | None) -> tuple[dict[str, Any] | None, str | None] | None:
     """(the attempt as `once history --json` shows it, its output); None for an unknown job,
     (None, None) when no attempt matches."""
-    job_rows = report._select_jobs(conn, [job], None)
+    job_rows = report.select_jobs(conn, [job], None)
     if not job_rows:
         return None
     newest_first = (attempts.c.started_at.desc(), attempts.c.attempt.desc())
@@ -103,12 +102,9 @@ def _entry(conn: Connection, target: Target, job: str, period: str | None,
     row = conn.execute(query.order_by(*newest_first).limit(1)).first()
     if row is None:
         return None, None
-    holder = report._holders(conn, job, {row.period}).get(row.period)
-    try:
-        tz: Any = report._zone(job_rows[0].tz)
-    except SpecError:
-        tz = UTC
-    entry = report._attempt_entry(row, holder, report._db_now(conn, target), tz)
+    holder = report.holders(conn, job, {row.period}).get(row.period)
+    tz = report.job_zone(job_rows[0].tz)
+    entry = report.attempt_entry(row, holder, report.db_now(conn, target), tz)
     return entry, row.output
 
 

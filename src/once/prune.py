@@ -104,15 +104,15 @@ def _needed(conn: Connection, target: Target) -> tuple[dict[str, datetime],
     keep: dict[str, datetime] = {}
     for job, latest in conn.execute(select(runs.c.job, func.max(runs.c.period_start))
                                     .where(runs.c.status == "done").group_by(runs.c.job)):
-        keep[job] = report._utc(latest)
+        keep[job] = report.utc(latest)
     for job, oldest in conn.execute(select(runs.c.job, func.min(runs.c.period_start))
                                     .where(runs.c.status.in_(("running", "failed")))
                                     .group_by(runs.c.job)):
         if job in keep:
-            keep[job] = min(keep[job], report._utc(oldest))
+            keep[job] = min(keep[job], report.utc(oldest))
     gap: dict[str, datetime] = {}
-    states = report.survey(conn, target, report._select_jobs(conn, list(keep), None),
-                           report._db_now(conn, target))
+    states = report.survey(conn, target, report.select_jobs(conn, list(keep), None),
+                           report.db_now(conn, target))
     for s in states:
         if s.no_row_listed:
             gap[s.name] = s.no_row_listed[0][0]
@@ -123,12 +123,12 @@ def _needed(conn: Connection, target: Target) -> tuple[dict[str, datetime],
 def _run_row_goes(target: Target, job: str, keep_from: datetime | None,
                   cut: datetime) -> ColumnElement[bool]:
     """What _prune_runs deletes of a job, as one condition on a once_runs row."""
-    from once.report import _bind
+    from once.report import bind
 
     if keep_from is None:  # no done row: nothing goes
         return false()
     return and_(runs.c.job == job, runs.c.status == "done", runs.c.finished_at < cut,
-                runs.c.period_start < _bind(target, keep_from))
+                runs.c.period_start < bind(target, keep_from))
 
 
 def _prune_runs(conn: Connection, job: str, goes: ColumnElement[bool], dry_run: bool) -> int:
@@ -155,11 +155,11 @@ def _prune_attempts(conn: Connection, job: str, goes: ColumnElement[bool], cut: 
 
 def _move_expected_ranges(conn: Connection, target: Target,
                           gap: dict[str, datetime]) -> None:
-    from once.report import _bind
+    from once.report import bind
 
     for job, oldest in conn.execute(select(runs.c.job, func.min(runs.c.period_start))
                                     .group_by(runs.c.job)):
-        start = _bind(target, min(_aware(oldest), gap.get(job, _aware(oldest))))
+        start = bind(target, min(_aware(oldest), gap.get(job, _aware(oldest))))
         conn.execute(update(jobs).where(jobs.c.job == job, jobs.c.first_period_start < start)
                      .values(first_period_start=start))
 

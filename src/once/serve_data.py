@@ -127,7 +127,7 @@ def read_only(target: Target, timeout: float) -> Iterator[Connection]:
             finally:
                 watchdog.cancel()  # before the socket is closed and its number reused
     except SQLAlchemyError as exc:
-        if report._is_missing_table(exc):
+        if report.is_missing_table(exc):
             raise NoLedger from None
         why = (f"no answer within {timeout:g}s" if watchdog.fired
                else describe(getattr(exc, "orig", None) or exc))

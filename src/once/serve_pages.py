@@ -124,7 +124,7 @@ def _header(heading: str, ledger: str, sub: str) -> str:
 
 
 def _footer(now: datetime, refresh: float) -> str:
-    every = f"; refreshes every {report._age(refresh)}" if refresh > 0 else ""
+    every = f"; refreshes every {report.age(refresh)}" if refresh > 0 else ""
     return (f'<footer>once {escape(__version__)}; as of {escape(_clock(now))} by the '
             f"ledger's clock{every}</footer>")
 
@@ -202,10 +202,10 @@ def _last_done(s: report.JobState, now: datetime) -> str:
     last = s.last_done
     if last is None:
         return '<span class="warn">never</span>'
-    ago = (f"finished {report._age((now - last.finished_at).total_seconds())} ago, "
+    ago = (f"finished {report.age((now - last.finished_at).total_seconds())} ago, "
            if last.finished_at else "")
     return (f'<span class="key">{escape(last.period)}</span><br>'
-            f'<span class="dim">{ago}took {escape(report._took(last.duration))}</span>')
+            f'<span class="dim">{ago}took {escape(report.took(last.duration))}</span>')
 
 
 def _running(s: report.JobState) -> str:
@@ -213,7 +213,7 @@ def _running(s: report.JobState) -> str:
     for r in s.running:
         stale = s.is_stale(r)
         text = (f'<span class="key">{escape(r.period)}</span> {escape(r.owner)} #{r.attempt}, '
-                f"heartbeat {report._age(s.heartbeat_age(r))} ago")
+                f"heartbeat {report.age(s.heartbeat_age(r))} ago")
         out.append(f'<span class="warn">{text} STALE</span>' if stale
                    else f'<span class="run">{text}</span>')
     return "<br>".join(out) or '<span class="dim">-</span>'
@@ -243,7 +243,7 @@ def _next(s: report.JobState, now: datetime) -> str:
     if s.next is None or s.next_at is None:
         return '<span class="dim">-</span>'
     return (f"{_key(s.next.key)}<br><span class=\"dim\">in "
-            f"{report._age((s.next_at - now).total_seconds())}</span>")
+            f"{report.age((s.next_at - now).total_seconds())}</span>")
 
 
 def _key(text: str) -> str:
@@ -308,12 +308,12 @@ def _history(tz: str, entries: list[dict[str, Any]]) -> str:
              "outcome", "exit", "reason"]
     rows = []
     for e in entries:
-        word = report._status_word(e)
+        word = report.status_word(e)
         klass = ("bad" if e["status"] == "failed" else "warn" if e["outcome"] == "stale"
                  else "run" if e["outcome"] == "running" else "")
         cells = [escape(e["period"]), str(e["attempt"]), str(e["fence"]), escape(e["owner"]),
                  escape(_local(e["started_at"])), escape(_local(e["finished_at"])),
-                 escape(report._took(e["duration_s"])),
+                 escape(report.took(e["duration_s"])),
                  f'<span class="{klass}">{escape(word)}</span>',
                  "-" if e["exit_code"] is None else str(e["exit_code"]),
                  escape(e["reason"] or "")]

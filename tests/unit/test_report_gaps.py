@@ -65,8 +65,8 @@ def test_missing_periods_match_brute_force(seed: int, tmp_path: Path) -> None:
     seed_ledger(url, sched, shards, periods[0], rows)
 
     target = parse_url(url)
-    with report._reading(target) as conn:
-        (state,) = report.survey(conn, target, report._select_jobs(conn, None, None), NOW)
+    with report.reading(target) as conn:
+        (state,) = report.survey(conn, target, report.select_jobs(conn, None, None), NOW)
     expected = [(p.start.astimezone(UTC), key) for p in periods
                 for key in gaps.shard_keys(p.key, shards)
                 if key not in rows or (rows[key][1] == "running")]  # heartbeats are stale

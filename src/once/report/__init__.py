@@ -1,0 +1,80 @@
+"""Reports on the ledger: `once status`, `once history`, `once check` and `once metrics`.
+
+Only the reports import SQLAlchemy and rich (`once run` never pays for them). They read the
+ledger with SQLAlchemy Core over the tables of `once.schema`, in one snapshot, and change
+nothing (except that a ledger whose schema is older than this once's is upgraded first, as
+the next `once run` would do; an absent ledger is reported empty, never created).
+
+What the reports call a job's periods, for a job with lag L and a check with --grace G:
+
+* its first period: the one containing `once_jobs.first_period_start` (its earliest claim);
+* a period P is due once the end of P+L plus G has passed (README "Monitoring"), so the latest due
+  period is the one L+1 periods before the period containing now - G;
+* missing: a due period, from the first one on, with no done row, no failed row and no live
+  attempt: no row at all, or a running row whose heartbeat is older than the job's
+  --stale-after (by the database's clock);
+* failed: a failed row; failed-out: a failed row with no attempts left (its attempt has reached
+  the --max-attempts of the job's latest run).
+
+With --shards N, every period should have N rows (KEY#0 ... KEY#N-1) and each shard without
+one is a missing unit of its own.
+
+Known limit: the counts assume the job's rows follow its current schedule. After a change of
+--every/--cron/--tz/--shards, rows of the old schedule inside the due range can hide or invent
+missing periods.
+
+The parts, each importing only those above it:
+
+* model: RunRow, JobState, AttemptCounts and the pure rules over them (no database);
+* snapshot: the read-only engine, one consistent transaction, the database's clock;
+* survey, attempts: the reads (jobs' states and gaps, timelines; attempts, holders, counts);
+* render: durations in words, table cells, plain and rich tables, `status --json` objects;
+* check: `once check`'s findings; metrics: `once metrics`' exposition (both pure);
+* commands: the four commands, each one snapshot read, judged and printed.
+
+once.gaps (the gap finder) stays outside: `once run --catchup` imports it, never this package.
+"""
+
+from once.report.attempts import (
+    attempt_columns,
+    attempt_counts,
+    attempt_entries,
+    holders,
+    job_zone,
+)
+from once.report.check import CRITICAL, OK, SEVERITY, UNKNOWN, WARNING, Finding, findings
+from once.report.commands import check, history, metrics, metrics_text, status
+from once.report.metrics import exposition
+from once.report.model import (
+    LIST_LIMIT,
+    STATE_PERIOD,
+    AttemptCounts,
+    JobState,
+    RunRow,
+    attempt_entry,
+    last_line,
+    utc,
+)
+from once.report.render import (
+    age,
+    plain_table,
+    say,
+    status_cells,
+    status_object,
+    status_objects,
+    status_word,
+    took,
+    write_line,
+)
+from once.report.snapshot import NoLedger, bind, db_now, is_missing_table, reading
+from once.report.survey import select_jobs, survey, survey_jobs, timeline_cells
+
+__all__ = [
+    "CRITICAL", "LIST_LIMIT", "OK", "SEVERITY", "STATE_PERIOD", "UNKNOWN", "WARNING",
+    "AttemptCounts", "Finding", "JobState", "NoLedger", "RunRow", "age", "attempt_columns",
+    "attempt_counts", "attempt_entries", "attempt_entry", "bind", "check", "db_now",
+    "exposition", "findings", "history", "holders", "is_missing_table", "job_zone",
+    "last_line", "metrics", "metrics_text", "plain_table", "reading", "say", "select_jobs",
+    "status", "status_cells", "status_object", "status_objects", "status_word", "survey",
+    "survey_jobs", "timeline_cells", "took", "utc", "write_line",
+]

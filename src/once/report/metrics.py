@@ -1,0 +1,91 @@
+"""`once metrics`' text: the Prometheus text exposition format of the jobs' states and
+attempt counts (pure: no database, no output).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from once.report.model import AttemptCounts, JobState
+
+METRICS = [
+    ("once_job_info", "gauge", "The schedule each job last ran with (always 1)."),
+    ("once_last_success_timestamp_seconds", "gauge",
+     "When the run of the job's latest done period finished, in Unix time."),
+    ("once_last_duration_seconds", "gauge",
+     "How long the run of the job's latest done period took."),
+    ("once_runs_total", "counter",
+     "Attempts by status: done, failed, or running (still running, or never finished: "
+     "taken over or abandoned)."),
+    ("once_fires_total", "counter", "Claims made: every once run, catch-up and rerun call."),
+    ("once_skips_total", "counter",
+     "Claims that ran nothing: the period was done, held or failed out (fires - attempts)."),
+    ("once_takeovers_total", "counter",
+     "Attempts after the first that were not reruns: retries of a failed attempt and "
+     "takeovers of a stale one."),
+    ("once_reruns_total", "counter", "Attempts started by once rerun."),
+    ("once_missing_periods", "gauge",
+     "Due periods with no done row, no failed row and no live attempt."),
+    ("once_failed_periods", "gauge", "Periods whose row is failed."),
+    ("once_failed_out_periods", "gauge", "Failed periods with no attempts left."),
+    ("once_running_attempts", "gauge", "Running attempts with a fresh heartbeat."),
+    ("once_stale_attempts", "gauge", "Running attempts whose heartbeat is stale."),
+]
+
+Sample = tuple[dict[str, str], float]  # (labels, value)
+
+
+def exposition(states: Sequence[JobState], counts: dict[str, AttemptCounts]) -> str:
+    """The text exposition format: HELP and TYPE once per metric, then its samples."""
+    samples: dict[str, list[Sample]] = {m[0]: [] for m in METRICS}
+    for s in states:
+        for name, sample in _job_samples(s, counts.get(s.name, AttemptCounts())):
+            samples[name].append(sample)
+    lines = []
+    for name, kind, help_text in METRICS:
+        lines.append(f"# HELP {name} {_escape_help(help_text)}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples[name]:
+            body = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels.items())
+            lines.append(f"{name}{{{body}}} {_number(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _job_samples(s: JobState, c: AttemptCounts) -> list[tuple[str, Sample]]:
+    """A job's samples, by metric name, in the order the exposition lists them."""
+    job = {"once_job": s.name}
+    out: list[tuple[str, Sample]] = [
+        ("once_job_info", ({**job, "kind": s.kind, "schedule": s.spec, "tz": s.tz}, 1))]
+    last = s.last_done
+    if last is not None and last.finished_at is not None:
+        out.append(("once_last_success_timestamp_seconds",
+                    (job, last.finished_at.timestamp())))
+        out.append(("once_last_duration_seconds", (job, last.duration or 0.0)))
+    for state in ("done", "failed", "running"):
+        out.append(("once_runs_total", ({**job, "status": state}, c.by_status.get(state, 0))))
+    running = s.running
+    stale = sum(1 for r in running if s.is_stale(r))
+    out += [("once_fires_total", (job, s.fires)),
+            ("once_skips_total", (job, max(0, s.fires - c.total))),
+            ("once_takeovers_total", (job, c.later)),
+            ("once_reruns_total", (job, c.reruns)),
+            ("once_missing_periods", (job, s.missing)),
+            ("once_failed_periods", (job, len(s.failed))),
+            ("once_failed_out_periods", (job, sum(1 for r in s.failed if s.failed_out(r)))),
+            ("once_running_attempts", (job, len(running) - stale)),
+            ("once_stale_attempts", (job, stale))]
+    return out
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))

@@ -1,0 +1,263 @@
+"""What the reports know about a job and its rows (RunRow, JobState, AttemptCounts), and the
+pure rules that read them: which rows are due, stale or failed out, a timeline cell's state, an
+attempt's history entry, an output's last line.
+
+No database and no output here: the standard library and once.periods only, so that the rules
+can be tested without a ledger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from once.periods import Period, Schedule, iso
+
+LIST_LIMIT = 10  # findings (missing keys, failed periods) listed one by one per job and kind
+
+STATE_PERIOD = "(state)"  # the history's rows of `once state --set`: no attempt, no fire
+
+NEVER = datetime.min.replace(tzinfo=UTC)
+
+# How many periods --timeline shows by default, per spec.
+DEFAULT_LAST = {"minute": 180, "hour": 168, "day": 91, "week": 52, "month": 24,
+                "quarter": 12, "year": 10}
+MAX_LAST = 20_000
+
+
+def utc(value: datetime) -> datetime:
+    """A stored time as an aware UTC datetime (SQLite and MySQL hand back naive UTC)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def rounded(value: float | None) -> float | None:
+    """Seconds as the JSON outputs show them: to the millisecond."""
+    return None if value is None else round(value, 3)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """A row of once_runs."""
+
+    job: str
+    period: str
+    status: str
+    attempt: int
+    fence: int
+    owner: str
+    period_start: datetime
+    period_end: datetime
+    started_at: datetime
+    heartbeat_at: datetime
+    finished_at: datetime | None
+    exit_code: int | None
+    stale_after: float = 300.0  # the owner's promise: a running row is stale past it
+
+    @classmethod
+    def of(cls, row: Any) -> RunRow:
+        m = row._mapping
+        return cls(m["job"], m["period"], m["status"], m["attempt"], m["fence"], m["owner"],
+                   utc(m["period_start"]), utc(m["period_end"]), utc(m["started_at"]),
+                   utc(m["heartbeat_at"]),
+                   utc(m["finished_at"]) if m["finished_at"] is not None else None,
+                   m["exit_code"], float(m["stale_after"]))
+
+    @property
+    def duration(self) -> float | None:
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+# A missing unit: a period (or, with --shards, one shard of it), as (its start, its key).
+Unit = tuple[datetime, str]
+
+
+@dataclass
+class JobState:
+    """One job as the reports see it at `now`."""
+
+    name: str
+    kind: str
+    spec: str
+    tz: str
+    lag: int
+    max_attempts: int
+    stale_after: float
+    fires: int
+    first_period_start: datetime
+    now: datetime
+    shards: int = 1
+    sched: Schedule | None = None
+    error: str = ""  # the stored schedule cannot be rebuilt here (an unknown zone, say)
+    first: Period | None = None
+    due_last: Period | None = None  # the latest due period; None: nothing is due yet
+    current: Period | None = None  # the period `once run` claims now
+    next: Period | None = None  # the one it claims next ...
+    next_at: datetime | None = None  # ... from this instant on
+    expected: int | None = 0  # due periods from the first on (None: cron, not counted)
+    done_due: int = 0
+    last_done: RunRow | None = None
+    open_rows: list[RunRow] = field(default_factory=list)  # running and failed rows
+    no_row: int = 0  # due periods without any row
+    no_row_listed: list[Unit] = field(default_factory=list)  # the first LIST_LIMIT + 1
+    no_row_last: Unit | None = None
+    no_row_at_least: bool = False  # no_row is a lower bound (a cron job's huge gap)
+    # The last line of output of the failed rows listed (by period; None: nothing stored).
+    failure_lines: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def schedule_text(self) -> str:
+        return f"every {self.spec}" if self.kind == "every" else f"cron {self.spec}"
+
+    @property
+    def zone(self) -> Any:
+        return self.sched.tz if self.sched else UTC
+
+    def due(self, row: RunRow) -> bool:
+        return (self.first is not None and self.due_last is not None
+                and utc(self.first.start) <= row.period_start < utc(self.due_last.end))
+
+    def heartbeat_age(self, row: RunRow) -> float:
+        return (self.now - row.heartbeat_at).total_seconds()
+
+    def is_stale(self, row: RunRow) -> bool:
+        """Judged by the row's own promise (its owner's --stale-after), as a takeover is."""
+        return row.status == "running" and self.heartbeat_age(row) > row.stale_after
+
+    @property
+    def running(self) -> list[RunRow]:
+        return [r for r in self.open_rows if r.status == "running"]
+
+    @property
+    def failed(self) -> list[RunRow]:
+        return [r for r in self.open_rows if r.status == "failed"]
+
+    def failed_out(self, row: RunRow) -> bool:
+        return row.status == "failed" and row.attempt >= self.max_attempts
+
+    @property
+    def listed_failures(self) -> list[RunRow]:
+        """The failed rows a report lists: the first LIST_LIMIT and the latest failure."""
+        failed = self.failed
+        listed = failed[:LIST_LIMIT]
+        latest = self.last_failure
+        return [*listed, latest] if latest is not None and latest not in listed else listed
+
+    @property
+    def last_failure(self) -> RunRow | None:
+        """The failed row that finished last."""
+        return max(self.failed, key=lambda r: (r.finished_at or NEVER, r.period_start),
+                   default=None)
+
+    @property
+    def stale_due(self) -> list[RunRow]:
+        return [r for r in self.running if self.is_stale(r) and self.due(r)]
+
+    @property
+    def missing(self) -> int:
+        """Due periods with no done row, no failed row and no live attempt."""
+        return self.no_row + len(self.stale_due)
+
+    def missing_keys(self, limit: int = LIST_LIMIT) -> list[str]:
+        found = list(self.no_row_listed)
+        found += [(r.period_start, r.period) for r in self.stale_due]
+        return [key for _, key in sorted(found)[:limit]]
+
+    @property
+    def last_missing(self) -> str | None:
+        """The latest missing key (a stale due row's or the last period without a row)."""
+        candidates = [(r.period_start, r.period) for r in self.stale_due]
+        if self.no_row_last is not None:
+            candidates.append(self.no_row_last)
+        return max(candidates)[1] if candidates else None
+
+
+@dataclass
+class AttemptCounts:
+    """A job's attempts (once_attempts), as `once metrics` counts them."""
+
+    by_status: dict[str, int] = field(default_factory=dict)
+    later: int = 0  # attempts after the first without a rerun reason: retries, takeovers
+    reruns: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_status.values())
+
+
+def default_last(s: JobState) -> int:
+    """How many periods `once status --timeline` shows when --last is not given."""
+    if s.kind != "every":
+        return 60
+    if s.spec in DEFAULT_LAST:
+        return DEFAULT_LAST[s.spec]
+    n, unit = int(s.spec[:-1]), s.spec[-1]
+    return 7 * 24 // n if unit == "h" else 6 * 60 // n
+
+
+def period_state(s: JobState, period: Period, rows: list[Any]) -> str:
+    """A timeline cell: the period's state from its once_runs rows (status, heartbeat_at,
+    stale_after); with --shards, the worst of its shards' (a shard without a row is missing
+    once the period is due)."""
+    start = utc(period.start)
+    due = s.due_last is not None and start <= utc(s.due_last.start)
+    states = set()
+    for row in rows:
+        if row.status == "running":
+            age = (s.now - utc(row.heartbeat_at)).total_seconds()
+            states.add("stale" if age > float(row.stale_after) else "running")
+        else:
+            states.add(str(row.status))
+    if len(rows) < s.shards:
+        states.add("missing" if due else "pending")
+    if not rows and (s.first is None or start < utc(s.first.start)):
+        return "none"
+    for state in ("stale", "failed", "missing", "running", "pending"):
+        if state in states:
+            return state
+    return "done"
+
+
+def last_line(output: str | None) -> str | None:
+    """The last line the command wrote that says something: after the last newline (or
+    carriage return: a progress bar's last state), trailing blank lines skipped; None when
+    there is none."""
+    if not output:
+        return None
+    for line in reversed(output.split("\n")):
+        text = line.rstrip("\r").rsplit("\r", 1)[-1].strip()
+        if text:
+            return text
+    return None
+
+
+def attempt_entry(row: Any, holder: RunRow | None, now: datetime, tz: Any) -> dict[str, Any]:
+    """An attempt (a once_attempts row with its output's end) as `once history --json` shows
+    it; holder, the period's once_runs row, tells a live attempt from an abandoned one."""
+    started = utc(row.started_at)
+    finished = utc(row.finished_at) if row.finished_at is not None else None
+    outcome = row.outcome
+    if row.status == "running":
+        if holder is not None and holder.attempt == row.attempt and holder.status == "running":
+            age = (now - holder.heartbeat_at).total_seconds()
+            outcome = "stale" if age > holder.stale_after else "running"
+        else:
+            outcome = "taken-over"  # a later attempt or a rerun took the row; never finished
+    return {
+        "job": row.job,
+        "period": row.period,
+        "attempt": row.attempt,
+        "fence": row.fence,
+        "owner": row.owner,
+        "status": row.status,
+        "outcome": outcome,
+        "started_at": iso(started.astimezone(tz)),
+        "finished_at": iso(finished.astimezone(tz)) if finished else None,
+        "duration_s": rounded((finished - started).total_seconds()) if finished else None,
+        "exit_code": row.exit_code,
+        "reason": row.reason,
+        # What a failed attempt said last (from the end of its stored output).
+        "last_line": last_line(row.output_end) if row.status == "failed" else None,
+    }

@@ -1,0 +1,139 @@
+"""Reading one snapshot of the ledger: the reports' engine, their read-only connection in one
+consistent transaction, and the database's clock.
+
+An absent ledger (no SQLite file, no tables) is NoLedger, never created; a ledger whose schema
+is older than this once's is upgraded first, as the next `once run` would do.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, func, select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
+from once import schema as tables
+from once.ledger import LedgerError, Target, describe
+from once.report.model import utc
+
+
+class NoLedger(Exception):
+    """The ledger's tables do not exist yet: nothing has run."""
+
+
+def _engine(target: Target) -> Engine:
+    """An engine for reading: SQLite opens a deferred (read) transaction, never a write lock,
+    on a read-only connection (_sqlite_read_only)."""
+    if target.dialect == "sqlite":
+        eng = create_engine("sqlite://", poolclass=NullPool,
+                            creator=lambda: _sqlite_read_only(target.path))
+    else:
+        args = tables._engine_args(target)  # the connect arguments once.schema uses
+        eng = create_engine(target.sqlalchemy_url, poolclass=NullPool, **args)
+    if target.dialect == "sqlite":
+
+        @event.listens_for(eng, "connect")
+        def _manual_transactions(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None
+
+        @event.listens_for(eng, "begin")
+        def _begin_snapshot(conn: Connection) -> None:
+            conn.exec_driver_sql("BEGIN")  # WAL: a consistent snapshot for every read
+
+    return eng
+
+
+def _sqlite_read_only(path: str) -> Any:
+    """A connection that cannot write: reports work for an account that may only read the
+    ledger (a monitoring user), and never create or change a file.
+
+    A WAL ledger with no writer at work has no shared-memory file (`-shm`), and a read-only
+    connection cannot create one where it may not write: SQLite then refuses to read at all.
+    The file is then opened as immutable, which needs no shared memory; that is sound here
+    because a writer at work would have made the `-shm` file.
+    """
+    import sqlite3
+    from urllib.parse import quote
+
+    uri = "file:" + quote(os.path.abspath(path)) + "?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, timeout=30, check_same_thread=False)
+    try:
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        return conn
+    except sqlite3.OperationalError:
+        conn.close()
+    return sqlite3.connect(uri + "&immutable=1", uri=True, timeout=30, check_same_thread=False)
+
+
+@contextmanager
+def reading(target: Target) -> Iterator[Connection]:
+    """One connection in one consistent snapshot; errors become LedgerError (exit 75).
+
+    A ledger whose schema is older than this once's is upgraded first (`once schema`), as the
+    next `once run` would do, so that reports can read the columns they know.
+    """
+    if target.dialect == "sqlite" and not os.path.exists(target.path):
+        raise NoLedger  # connecting would create an empty file
+    try:
+        eng = _engine(target)
+    except ValueError as exc:  # SQLAlchemy cannot read the URL that once's parser took
+        raise LedgerError(f"cannot read the ledger {target.redacted}: {describe(exc)}") from exc
+    yielded = False
+    try:
+        for tries in (1, 2):
+            with eng.connect() as conn:
+                if target.dialect != "sqlite":
+                    conn = conn.execution_options(isolation_level="REPEATABLE READ")
+                with conn.begin():
+                    version = conn.execute(select(tables.meta.c.value).where(
+                        tables.meta.c.name == "schema_version")).scalar()
+                    if tries == 2 or int(version or 0) >= tables.SCHEMA_VERSION:
+                        yielded = True
+                        yield conn
+                        return
+            tables.ensure(target)
+    except (OSError, ValueError) as exc:  # the driver's, while connecting (a TLS file, say)
+        if yielded:
+            raise
+        raise LedgerError(f"cannot read the ledger {target.redacted}: {describe(exc)}") from exc
+    except SQLAlchemyError as exc:
+        if is_missing_table(exc):
+            raise NoLedger from None
+        raise LedgerError(
+            f"cannot read the ledger {target.redacted}: {describe(exc.orig or exc)}"
+            if hasattr(exc, "orig") else f"cannot read the ledger {target.redacted}: {exc}"
+        ) from exc
+    finally:
+        eng.dispose()
+
+
+def is_missing_table(exc: SQLAlchemyError) -> bool:
+    """The statement failed because the ledger's tables do not exist (nothing has run)."""
+    orig = getattr(exc, "orig", None)
+    if getattr(orig, "sqlstate", None) == "42P01":  # PostgreSQL: undefined table
+        return True
+    args = getattr(orig, "args", ())
+    if args and args[0] == 1146:  # MySQL: no such table
+        return True
+    return "no such table" in str(orig)
+
+
+def bind(target: Target, instant: datetime) -> datetime:
+    """An instant as the dialect's column type wants it bound: UTC, naive outside PostgreSQL."""
+    at = instant.astimezone(UTC)
+    return at if target.dialect == "postgresql" else at.replace(tzinfo=None)
+
+
+def db_now(conn: Connection, target: Target) -> datetime:
+    """The database's clock, which wrote every heartbeat."""
+    if target.dialect == "sqlite":
+        text = conn.execute(select(func.strftime("%Y-%m-%d %H:%M:%f", "now"))).scalar_one()
+        return datetime.fromisoformat(str(text)).replace(tzinfo=UTC)
+    expr = func.clock_timestamp() if target.dialect == "postgresql" else func.utc_timestamp(6)
+    value = conn.execute(select(expr)).scalar_one()
+    return utc(value)

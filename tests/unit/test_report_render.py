@@ -1,0 +1,115 @@
+"""once.report.render: durations in words, the status table's cells, plain tables, the
+history's status words, and `once status --json`'s object, without a database."""
+
+from __future__ import annotations
+
+import pytest
+from report_states import NOW, day_job, row
+
+from once.report import plain_table, status_cells, status_object, status_word
+from once.report.render import age, history_cells, took
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (-5, "0s"), (0, "0s"), (42.4, "42s"), (60, "1m"), (3599, "59m"), (3600, "1h"),
+    (3600 + 12 * 60 + 59, "1h 12m"), (86400, "1d"), (2 * 86400 + 4 * 3600 + 59 * 60, "2d 4h"),
+])
+def test_age_is_the_largest_two_units_rounded_down(seconds: float, text: str) -> None:
+    assert age(seconds) == text
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (None, "-"), (0.04, "0.0s"), (12.34, "12.3s"), (59.94, "59.9s"), (90, "1m"),
+    (7200, "2h"),
+])
+def test_took_shows_tenths_under_a_minute(seconds: float | None, text: str) -> None:
+    assert took(seconds) == text
+
+
+def test_status_cells_of_a_job_with_every_kind_of_trouble() -> None:
+    s = day_job()
+    s.last_done = row("2026-11-28", "done", took=12.5)
+    s.open_rows = [row("2026-11-29", "failed", attempt=3, exit_code=4),
+                   row("2026-11-30", "failed", exit_code=1),
+                   row("2026-11-30", "running", attempt=2, beat_ago=600),
+                   row("2026-12-01", "running", beat_ago=5)]
+    s.no_row, s.no_row_listed = 2, [(row("2026-11-21", "x").period_start, "2026-11-21"),
+                                    (row("2026-11-22", "x").period_start, "2026-11-22")]
+    cells = status_cells(s, NOW)
+    finished = (NOW - s.last_done.finished_at).total_seconds()
+    assert cells == [
+        ("nightly", "bold"), ("every day", ""), ("UTC", ""), ("2026-11-28", "green"),
+        (f"{age(finished)} ago", ""), ("12.5s", ""),
+        ("2026-12-01 vm:42 #1, beat 5s ago (+1)", "bold yellow"),  # one of them is stale
+        ("2 (1 out)", "bold red"),
+        ("3 from 2026-11-21", "bold red"),  # two without a row, one stale due attempt
+        ("2026-12-02 in 12h", ""),
+    ]
+    assert age(finished) == "2d 11h"
+
+
+def test_status_cells_of_a_quiet_job_and_of_an_unreadable_one() -> None:
+    quiet = status_cells(day_job(), NOW)
+    assert quiet[3:] == [("never", "yellow"), ("-", ""), ("-", ""), ("-", ""), ("0", ""),
+                         ("0", ""), ("2026-12-02 in 12h", "")]
+    broken = day_job()
+    broken.sched, broken.error = None, "unknown time zone 'Mars/Olympus'"
+    cells = status_cells(broken, NOW)
+    assert cells[3] == ("cannot read the schedule: unknown time zone 'Mars/Olympus'", "red")
+    assert len(cells) == 10 and cells[4:] == [("", "")] * 6
+
+
+def test_a_cron_gap_counted_only_in_part_says_so() -> None:
+    s = day_job()
+    s.no_row, s.no_row_at_least = 100_000, True
+    assert status_cells(s, NOW)[8] == ("100000+", "bold red")
+
+
+def test_plain_table_aligns_columns_and_escapes_controls() -> None:
+    text = plain_table(["A", "LONG"], [[("x", ""), ("y", "")],
+                                       [("wide\x1b[2Jcell", "red"), ("", "")]])
+    assert text.split("\n") == ["A" + " " * 18 + "LONG",  # the escaped cell is 17 wide
+                                "x" + " " * 18 + "y",
+                                "wide\\u001b[2Jcell"]
+
+
+@pytest.mark.parametrize(("status", "outcome", "word"), [
+    ("done", "exited", "done"), ("done", None, "done"), ("failed", "failed", "failed"),
+    ("failed", "timed-out", "failed (timed-out)"), ("running", "stale", "stale"),
+    ("running", "taken-over", "taken-over"),
+])
+def test_status_word(status: str, outcome: str | None, word: str) -> None:
+    assert status_word({"status": status, "outcome": outcome}) == word
+
+
+def test_history_cells_style_by_outcome_and_show_local_times() -> None:
+    entry = {"period": "2026-11-30", "attempt": 2, "fence": 7, "owner": "vm:1",
+             "started_at": "2026-12-01T00:01:00.5+01:00", "finished_at": None,
+             "duration_s": None, "status": "failed", "outcome": "timed-out", "exit_code": 124,
+             "reason": None, "last_line": "killed"}
+    assert history_cells(entry) == [
+        ("2026-11-30", ""), ("2", ""), ("7", ""), ("vm:1", ""), ("2026-12-01 00:01:00", ""),
+        ("-", ""), ("-", ""), ("failed (timed-out)", "bold red"), ("124", ""), ("", ""),
+        ("killed", "")]
+
+
+def test_status_object_of_a_troubled_job() -> None:
+    s = day_job()
+    s.last_done = row("2026-11-30", "done", took=1.23456)
+    stale = row("2026-11-29", "running", attempt=2, beat_ago=301)
+    s.open_rows = [stale, row("2026-11-30", "failed", attempt=3, exit_code=9)]
+    s.failure_lines = {"2026-11-30": "disk full"}
+    obj = status_object(s)
+    assert obj["last_done"] == "2026-11-30" and obj["last_duration_s"] == 1.235
+    assert obj["last_finished_at"] == "2026-12-01T00:01:01+00:00"
+    assert obj["running"][0]["stale"] is True and obj["running"][0]["due"] is True
+    assert obj["running"][0]["heartbeat_age_s"] == 301.0
+    assert obj["failed"] == 1 and obj["failed_out"] == 1
+    assert obj["failed_periods"][0]["attempts_left"] == 0
+    assert obj["last_failure"]["last_line"] == "disk full"
+    assert obj["missing"] == 1 and obj["missing_periods"] == ["2026-11-29"]
+    assert obj["missing_last"] == "2026-11-29"
+    assert (obj["due_through"], obj["current"], obj["next"]) == (
+        "2026-11-30", "2026-12-01", "2026-12-02")
+    assert obj["next_at"] == "2026-12-02T00:00:00+00:00"
+    assert list(obj)[:3] == ["job", "kind", "schedule"] and obj["error"] is None
