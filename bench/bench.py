@@ -32,7 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import once
 from once import ledger
+from once.ledger.postgres import PostgresLedger
+from once.ledger.sqlite import SqliteLedger
 
 ONCE = str(Path(sys.executable).with_name("once"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "40"))
@@ -79,12 +82,12 @@ PG_BODY = """import datetime
 
 def bare_script(dialect: str, directory: Path) -> Path:
     if dialect == "sqlite":
-        cls = ledger.SqliteLedger
+        cls = SqliteLedger
         text = BARE.format(driver_import="import sqlite3", body=SQLITE_BODY,
                            sql=(cls.UPSERT_JOB, cls.CLAIM_RUN, cls.HOLDER))
     else:
         text = BARE.format(driver_import="import psycopg", body=PG_BODY,
-                           sql=ledger.PostgresLedger.CLAIM)
+                           sql=PostgresLedger.CLAIM)
     path = directory / f"bare_{dialect}.py"
     path.write_text(text)
     # Run through a tiny importer, so that the script itself is byte-compiled like once.
@@ -220,7 +223,7 @@ def compile_sources(*paths: Path) -> None:
 
 
 def main() -> None:
-    compile_sources(Path(ledger.__file__).parent)
+    compile_sources(Path(once.__file__).parent)
     python = sys.version.split()[0]
     print(f"once bench: {ROUNDS} rounds, median wall time per process, python {python}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -325,7 +328,7 @@ def seed_sqlite(url: str, jobs: list[tuple[object, ...]], runs: list[tuple[objec
     import sqlite3
     from datetime import datetime
 
-    from once import schema
+    from once.ledger import schema
 
     target = ledger.parse_url(url)
     schema.ensure(target)
@@ -372,7 +375,7 @@ def seed_postgres(url: str, jobs: list[tuple[object, ...]],
                   runs: list[tuple[object, ...]]) -> None:
     import psycopg
 
-    from once import schema
+    from once.ledger import schema
 
     target = ledger.parse_url(url)
     schema.ensure(target)

@@ -34,7 +34,7 @@ import atexit, fcntl, sys, time
 gate, out = sys.argv[1], sys.argv[2]
 from once.cli import main
 import once.core, once.ledger, once.runner
-from once.ledger import PostgresLedger
+from once.ledger.postgres import PostgresLedger
 import psycopg
 with open(gate) as held:
     fcntl.flock(held, fcntl.LOCK_SH)

@@ -242,7 +242,7 @@ def periods(every: str | None, cron: str | None, tz: str, start: str, end: str,
 def schema(db: str | None, db_password_file: str | None, namespace: str | None,
            sql: bool) -> None:
     """Create or upgrade the ledger's tables (they are also created on first use)."""
-    from once import schema as ledger_schema
+    from once.ledger import schema as ledger_schema
 
     target = open_target(db, db_password_file)
     if sql:
@@ -340,7 +340,7 @@ def prune(db: str | None, db_password_file: str | None, namespace: str | None,
     done row, never a done row after the job's oldest gap (catch-up and check count them).
     Every attempt of a deleted row goes with it. Lists jobs idle for longer than
     --older-than."""
-    from once import prune as pruning
+    from once.ledger import prune as pruning
 
     target = open_target(db, db_password_file)
     pruned = pruning.prune(target, older_than, dry_run)

@@ -2,9 +2,10 @@
 and of period specs (--every).
 
 Only a SQLite ledger is read: the one `--db` or ONCE_DATABASE_URL names, else the default
-file under $XDG_STATE_HOME/once/. It is opened read-only and never created; a server ledger
-(PostgreSQL, MySQL, MariaDB) is not asked, since a <Tab> must not wait for the network. Any
-error completes nothing. With `--namespace` or ONCE_NAMESPACE, only that namespace's jobs are
+file under $XDG_STATE_HOME/once/. It is opened read-only and never created (the query is
+once.ledger.sqlite.job_names; this module holds no SQL); a server ledger (PostgreSQL, MySQL,
+MariaDB) is not asked, since a <Tab> must not wait for the network. Any error completes
+nothing. With `--namespace` or ONCE_NAMESPACE, only that namespace's jobs are
 offered, without their `NS:` prefix (as `--job` takes them).
 """
 
@@ -33,23 +34,15 @@ def job_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> li
 
 
 def _job_names(params: dict[str, Any], incomplete: str) -> list[str]:
-    import sqlite3
-    from urllib.parse import quote
-
     from once.ledger import default_url, parse_url
+    from once.ledger.sqlite import job_names
 
     url = params.get("db") or os.environ.get("ONCE_DATABASE_URL") or default_url()
     namespace = params.get("namespace") or os.environ.get("ONCE_NAMESPACE")
     target = parse_url(url)
     if target.dialect != "sqlite" or not os.path.isfile(target.path):
         return []
-    uri = "file:" + quote(os.path.abspath(target.path)) + "?mode=ro"
-    conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT)
-    try:
-        rows = conn.execute("SELECT job FROM once_jobs ORDER BY job").fetchall()
-    finally:
-        conn.close()
-    names = [row[0] for row in rows if isinstance(row[0], str)]
+    names = job_names(target.path, BUSY_TIMEOUT)
     if namespace:
         prefix = namespace + ":"
         names = [name[len(prefix) :] for name in names if name.startswith(prefix)]

@@ -20,9 +20,9 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from once import report
-from once import schema as tables
 from once.escape import shown, shown_lines
 from once.ledger import Target
+from once.ledger import schema as tables
 
 attempts = tables.attempts
 

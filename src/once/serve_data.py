@@ -28,8 +28,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from once import report
-from once import schema as tables
 from once.ledger import LedgerError, Target, describe
+from once.ledger import schema as tables
 from once.periods import Period
 
 STRIP = 30  # periods in each job's strip on the overview
@@ -189,12 +189,12 @@ class _Watchdog:
         self.timer.start()
 
     def _fire(self, fd: int) -> None:
-        from once.ledger import _shut_down
+        from once.ledger.base import shut_down
 
         with self.lock:
             if not self.done:
                 self.fired = True
-                _shut_down(fd)
+                shut_down(fd)
 
     def cancel(self) -> None:
         with self.lock:

@@ -12,8 +12,8 @@ import pytest
 
 from helpers import run_once, wait_for
 from ledger_sql import query
-from once import core, gaps, schema
-from once.ledger import Job, open_ledger, parse_url
+from once import core, gaps
+from once.ledger import Job, open_ledger, parse_url, schema
 from once.periods import Period, schedule
 from procs import alive, parent, pids, start_once
 

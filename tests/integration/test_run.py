@@ -10,7 +10,7 @@ import pytest
 
 from helpers import ONCE, release_together, run_once
 from ledger_sql import query, scalar
-from once.schema import SCHEMA_VERSION
+from once.ledger.schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.usefixtures("ledger_url")
 

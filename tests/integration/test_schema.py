@@ -6,7 +6,7 @@ import pytest
 
 from helpers import run_once
 from ledger_sql import query, scalar
-from once.schema import SCHEMA_VERSION
+from once.ledger.schema import SCHEMA_VERSION
 
 
 @pytest.mark.parametrize("url", ["sqlite:////nonexistent/dir/ledger.db",

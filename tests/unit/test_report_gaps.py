@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from once import gaps, report, schema
-from once.ledger import parse_url
+from once import gaps, report
+from once.ledger import parse_url, schema
 from once.periods import Period, schedule
 
 ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "America/Havana",

@@ -1,7 +1,7 @@
 """Reports on the ledger: `once status`, `once history`, `once check` and `once metrics`.
 
 Only the reports import SQLAlchemy and rich (`once run` never pays for them). They read the
-ledger with SQLAlchemy Core over the tables of `once.schema`, in one snapshot, and change
+ledger with SQLAlchemy Core over the tables of `once.ledger.schema`, in one snapshot, and change
 nothing (except that a ledger whose schema is older than this once's is upgraded first, as
 the next `once run` would do; an absent ledger is reported empty, never created).
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, case, func, select
 
-from once import schema as tables
 from once.ledger import Target
+from once.ledger import schema as tables
 from once.periods import SpecError, zone
 from once.report.model import STATE_PERIOD, AttemptCounts, RunRow, attempt_entry
 from once.report.snapshot import db_now

@@ -17,8 +17,8 @@ from sqlalchemy import Connection, Engine, create_engine, event, func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
-from once import schema as tables
 from once.ledger import LedgerError, Target, describe
+from once.ledger import schema as tables
 from once.report.model import utc
 
 
@@ -33,7 +33,7 @@ def _engine(target: Target) -> Engine:
         eng = create_engine("sqlite://", poolclass=NullPool,
                             creator=lambda: _sqlite_read_only(target.path))
     else:
-        args = tables._engine_args(target)  # the connect arguments once.schema uses
+        args = tables._engine_args(target)  # the connect arguments once.ledger.schema uses
         eng = create_engine(target.sqlalchemy_url, poolclass=NullPool, **args)
     if target.dialect == "sqlite":
 

@@ -1,6 +1,6 @@
 """Every job's state in one snapshot: its due range, the counts of its done rows, its open
 rows, its latest done row, the last lines of its failures, its missing periods, and the rows
-of its timeline (SQLAlchemy Core over once.schema's tables, on a connection of
+of its timeline (SQLAlchemy Core over once.ledger.schema's tables, on a connection of
 once.report.snapshot).
 
 Scale: the number of due periods is counted arithmetically (once.gaps) and compared with one
@@ -36,8 +36,8 @@ from sqlalchemy import (
 from sqlalchemy.sql import Executable
 
 from once import gaps
-from once import schema as tables
 from once.ledger import Target
+from once.ledger import schema as tables
 from once.periods import Period, SpecError
 from once.periods import schedule as make_schedule
 from once.report.model import (

@@ -41,7 +41,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import SQLAlchemyError
 
 from once.ledger import LedgerError, Target, describe
-from once.schema import attempts, engine, jobs, runs
+from once.ledger.schema import attempts, engine, jobs, runs
 
 STATE_ROWS = "(state)"  # once_attempts' record of `once state --set`: no run row of its own
 

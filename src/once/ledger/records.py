@@ -1,0 +1,151 @@
+"""What the ledger answers and how it fails: the records `Job` and `Claim`, the errors
+(`LedgerError`, `ClockSkew`, `CommandDrift`), and the rules that read a driver's exception
+(transient or not, a busy server, a table or column not created yet), for every dialect.
+
+Imports only the stdlib: the rules look at an exception's class names, SQLSTATE, error code
+or text, never at a driver's classes, so that no driver is loaded to classify its errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+Status = Literal["done", "failed"]
+
+
+# -- what the ledger answers -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as `once run` sees it: its stored name and the schedule it last ran with."""
+
+    name: str
+    kind: str  # "every" or "cron"
+    schedule: str
+    tz: str
+    lag: int = 0
+    max_attempts: int = 3
+    stale_after: float = 300.0
+    shards: int = 1
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The answer to a claim: won (attempt and fence are ours) or skipped, and why."""
+
+    won: bool
+    attempt: int
+    fence: int
+    status: str = "running"  # skipped: the row's status as found
+    owner: str = ""  # skipped: who holds it
+    heartbeat_age: float | None = None  # skipped: seconds since its last heartbeat
+    state: str | None = None  # won: the job's watermark as the claim found it
+    state_version: int = 0  # won: its version, for the compare-and-set of the finish
+    stale_after: float | None = None  # skipped: the holder's own --stale-after (its promise)
+
+    @property
+    def skip_reason(self) -> str:
+        """`skipped-done`, `skipped-held` or `skipped-failed` (attempts used up)."""
+        return {"done": "skipped-done", "failed": "skipped-failed"}.get(
+            self.status, "skipped-held"
+        )
+
+
+def lost_claim(row: tuple[Any, ...] | None) -> Claim:
+    """A lost claim, as the row that beat it stood (None: a claimer we cannot see yet)."""
+    if row is None:
+        return Claim(False, 0, 0, "running", "another process", 0.0)
+    status, attempt, fence, owner, age, stale_after = row
+    return Claim(False, attempt, fence, status, owner, None if age is None else float(age),
+                 stale_after=None if stale_after is None else float(stale_after))
+
+
+# -- how it fails ----------------------------------------------------------------------------
+
+
+class LedgerError(Exception):
+    """The ledger could not be reached, or answered with an error (exit 75).
+
+    `transient`: the connection failed (worth a retry on a fresh one); otherwise the database
+    refused the statement itself, and the same statement would be refused again.
+    """
+
+    transient = True
+
+
+class ClockSkew(LedgerError):
+    """The host's clock and the database's disagree by more than --max-clock-skew: a period
+    computed from the host's clock could be the wrong one, so nothing was claimed (exit 75)."""
+
+    transient = False
+
+
+class CommandDrift(Exception):
+    """--require-same-command: the job's latest attempt ran another command line (exit 2).
+    Decided inside the claim, under the job row's lock, so that two hosts cannot both pass;
+    raised from inside the claim's transaction, which it rolls back (nothing is written)."""
+
+    def __init__(self, job: str, last: str, ours: str) -> None:
+        super().__init__(f"job {job} last ran a different command (fingerprint {last}, this "
+                         f"one {ours}): rename the job or drop --require-same-command")
+        self.last, self.ours = last, ours
+
+
+def skew_refusal(params: dict[str, Any], db_minus_host: float) -> ClockSkew:
+    """The one-line refusal of a claim whose host clock disagrees with the database's."""
+    host = params["host_now"]
+    host = host if isinstance(host, datetime) else datetime.fromisoformat(str(host))
+    host = host.replace(tzinfo=UTC) if host.tzinfo is None else host.astimezone(UTC)
+    database = host + timedelta(seconds=db_minus_host)
+    return ClockSkew(
+        f"this host's clock ({host:%Y-%m-%d %H:%M:%S} UTC) and the database's "
+        f"({database:%Y-%m-%d %H:%M:%S} UTC) disagree by {abs(db_minus_host):.0f}s, more than "
+        f"--max-clock-skew {params['max_skew']:g}s: the period would be computed from a wrong "
+        f"clock, so nothing was claimed; fix the host's clock (NTP)")
+
+
+def describe(exc: BaseException) -> str:
+    """The first line of an error, for a one-line `once:` message."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# -- reading a driver's exception --------------------------------------------------------------
+
+# DB-API: OperationalError and InterfaceError are the connection's; DataError,
+# IntegrityError, ProgrammingError and friends are the statement's.
+_TRANSIENT = {"OperationalError", "InterfaceError", "ConnectionTimeout", "TimeoutError"}
+
+
+def transient(exc: BaseException) -> bool:
+    """The connection failed (a retry on a fresh one may succeed), not the statement."""
+    return isinstance(exc, OSError) or any(cls.__name__ in _TRANSIENT
+                                           for cls in type(exc).__mro__)
+
+
+# Connection refusals that say "not now" rather than "never": out of connections, starting
+# up or shutting down, or (during a restart) nobody listening yet.
+_BUSY_SQLSTATES = {"53300", "57P03"}  # too_many_connections, cannot_connect_now
+_BUSY_MYSQL = {1040, 1203, 1226}  # too many connections; per-user limits
+_BUSY_TEXT = ("too many clients", "too many connections", "no more connections allowed",
+              "the database system is starting up", "the database system is shutting down",
+              "connection refused")
+
+
+def busy_server(exc: BaseException) -> bool:
+    """A failure to connect that a retry a moment later may not meet (see _BUSY_*)."""
+    if getattr(exc, "sqlstate", None) in _BUSY_SQLSTATES or error_code(exc) in _BUSY_MYSQL:
+        return True
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    text = str(exc).lower()
+    return any(words in text for words in _BUSY_TEXT)
+
+
+def error_code(exc: BaseException) -> int | None:
+    """A MySQL/MariaDB error's number (PyMySQL's first argument); None for other drivers."""
+    args = getattr(exc, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
