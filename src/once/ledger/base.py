@@ -42,6 +42,7 @@ from once.ledger.records import (
     Status,
     busy_server,
     describe,
+    schema_missing,
     transient,
 )
 from once.ledger.url import Dialect, Target
@@ -341,7 +342,7 @@ class Ledger:
             try:
                 return self._fetch(sql, params)
             except Exception as exc:
-                if self._is_schema_error(exc):
+                if schema_missing(self.dialect, exc):
                     return []  # no tables yet: nothing has run
                 raise
 
@@ -373,9 +374,6 @@ class Ledger:
     def _set_state(self, params: dict[str, Any]) -> int:
         raise NotImplementedError
 
-    def _is_schema_error(self, exc: Exception) -> bool:
-        raise NotImplementedError
-
     def _time(self, instant: datetime) -> Any:
         """A period bound as the driver wants it: UTC."""
         return instant.astimezone(UTC)
@@ -388,7 +386,7 @@ class Ledger:
             try:
                 return action()
             except Exception as exc:
-                if not self._is_schema_error(exc):
+                if not schema_missing(self.dialect, exc):
                     raise
         # First use (or an older schema): create or upgrade it, then try once more.
         from once.ledger import schema  # imported here only: it pulls in SQLAlchemy

@@ -8,7 +8,8 @@ records.
 from __future__ import annotations
 
 import time
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any
 
@@ -148,21 +149,19 @@ class MysqlLedger(Ledger):
         params = {**params, "rerun": int(params["rerun"])}
         for attempt in range(5):
             try:
-                return self._claim_once(params)
-            except Exception as exc:
-                self._rollback()
+                with self._transaction() as cur:
+                    return self._claim_in(cur, params)
+            except Exception as exc:  # rolled back: a deadlock or a lock wait may pass
                 if error_code(exc) not in (_DEADLOCK, _LOCK_WAIT) or attempt == 4:
                     raise
                 time.sleep(0.01 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def _claim_once(self, params: dict[str, Any]) -> Claim:
-        cur = self._conn.cursor()
+    def _claim_in(self, cur: Any, params: dict[str, Any]) -> Claim:
         if params["max_skew"]:
             cur.execute(self.SKEW, params)
             (db_minus_host,) = cur.fetchone()
             if abs(float(db_minus_host)) > params["max_skew"]:
-                self._conn.rollback()
                 raise skew_refusal(params, float(db_minus_host))
         if params["require_same"]:
             # The job row's lock first: every claim of the job serialises on it, so the
@@ -171,7 +170,6 @@ class MysqlLedger(Ledger):
             cur.execute(self.LAST_COMMAND_LOCKED, params)
             last = cur.fetchone()
             if last is not None and last[0] != params["command_hash"]:
-                self._conn.rollback()
                 raise CommandDrift(params["job"], last[0], params["command_hash"])
         cur.execute(self.UPSERT_JOB, params)
         fence = cur.lastrowid
@@ -186,62 +184,38 @@ class MysqlLedger(Ledger):
                 raise
             if cur.execute(self.TAKE_OVER, params) != 1:
                 cur.execute(self.HOLDER, params)
-                held = cur.fetchone()
-                self._conn.commit()
-                return lost_claim(held)
+                return lost_claim(cur.fetchone())
             attempt = cur.lastrowid
         cur.execute(self.LOG_ATTEMPT, params)
         cur.execute(self.LOCK_STATE, params)  # the job row is ours until the commit anyway
         state, version = cur.fetchone()
-        self._conn.commit()
         return Claim(True, attempt, fence, state=state, state_version=version)
 
     def _renew(self, params: dict[str, Any]) -> bool:
-        try:
-            matched = self._conn.cursor().execute(self.RENEW, params)
-            self._conn.commit()
-        except Exception:
-            self._rollback()
-            raise
-        return bool(matched == 1)
+        with self._transaction() as cur:
+            return bool(cur.execute(self.RENEW, params) == 1)
 
     def _write(self, sql: str, params: dict[str, Any]) -> None:
-        try:
-            self._conn.cursor().execute(sql, params)
-            self._conn.commit()
-        except Exception:
-            self._rollback()
-            raise
+        with self._transaction() as cur:
+            cur.execute(sql, params)
 
     def _finish(self, params: dict[str, Any]) -> bool:
-        try:
-            cur = self._conn.cursor()
+        with self._transaction() as cur:
             if cur.execute(self.FINISH_RUN, params) != 1:
-                self._conn.rollback()
                 return False
             cur.execute(self.FINISH_ATTEMPT, params)
-            self._conn.commit()
-        except Exception:
-            self._rollback()
-            raise
-        return True
+            return True
 
     def _finish_with_state(self, params: dict[str, Any]) -> bool:
-        try:
-            cur = self._conn.cursor()
+        with self._transaction() as cur:
             cur.execute(self.LOCK_STATE, params)
             row = cur.fetchone()
             if (row is None or row[1] != params["state_version"]
                     or cur.execute(self.FINISH_RUN, params) != 1):
-                self._conn.rollback()
                 return False
             cur.execute(self.FINISH_ATTEMPT, params)
             cur.execute(self.ADVANCE_STATE, params)
-            self._conn.commit()
-        except Exception:
-            self._rollback()
-            raise
-        return True
+            return True
 
     def _finish_on(self, connection: Any, params: dict[str, Any]) -> bool:
         cur = connection.cursor()
@@ -251,40 +225,35 @@ class MysqlLedger(Ledger):
         return True
 
     def _set_state(self, params: dict[str, Any]) -> int:
-        try:
-            cur = self._conn.cursor()
+        with self._transaction() as cur:
             if params["seed"]:
                 cur.execute(self.SEED_JOB, params)
             if cur.execute(self.SET_STATE, params) != 1:
-                self._conn.rollback()
                 raise LedgerError(f"unknown job {params['job']!r}: it has never run")
             version = cur.lastrowid
             cur.execute(self.LOG_STATE, params)
-            self._conn.commit()
-        except LedgerError:
-            raise
-        except Exception:
-            self._rollback()
-            raise
         return int(version)
 
     def _fetch(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        try:
-            cur = self._conn.cursor()
+        # The commit ends the read's snapshot: the next read sees new rows.
+        with self._transaction() as cur:
             cur.execute(sql, params)
-            rows = [tuple(r) for r in cur.fetchall()]
-            self._conn.commit()  # end the snapshot: the next read sees new rows
-        except Exception:
-            self._rollback()
-            raise
-        return rows
+            return [tuple(r) for r in cur.fetchall()]
 
-    def _rollback(self) -> None:
-        with suppress(Exception):  # the connection is broken; the next statement reconnects
-            self._conn.rollback()
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        """One transaction (autocommit is off): a cursor for the block, committed when the
+        block ends, rolled back when it raises. A block that ends without writing (a lost
+        claim, a finish that is no longer ours) commits nothing: as good as a rollback, and
+        one round trip alike."""
+        try:
+            yield self._conn.cursor()
+            self._conn.commit()
+        except Exception:
+            # A rollback that fails finds the connection broken: the next statement reconnects.
+            with suppress(Exception):
+                self._conn.rollback()
+            raise
 
     def _time(self, instant: datetime) -> Any:
         return instant.astimezone(UTC).replace(tzinfo=None)
-
-    def _is_schema_error(self, exc: Exception) -> bool:
-        return error_code(exc) in (1146, 1054)  # no such table, unknown column

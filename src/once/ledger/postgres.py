@@ -222,9 +222,6 @@ class PostgresLedger(Ledger):
             raise LedgerError(f"unknown job {params['job']!r}: it has never run")
         return int(row[0])
 
-    def _is_schema_error(self, exc: Exception) -> bool:
-        return getattr(exc, "sqlstate", None) in ("42P01", "42703")  # undefined table/column
-
     def _execute(self, sql: str, params: dict[str, Any]) -> Any:
         """Execute under a watchdog. psycopg has no client-side statement timeout, and a
         server-side one needs session state that PgBouncer does not keep; a server that stops

@@ -149,3 +149,26 @@ def error_code(exc: BaseException) -> int | None:
     """A MySQL/MariaDB error's number (PyMySQL's first argument); None for other drivers."""
     args = getattr(exc, "args", ())
     return args[0] if args and isinstance(args[0], int) else None
+
+
+# A statement that names a table or a column the ledger does not have yet (its first use, or
+# a schema older than this once's), as each driver says it.
+_UNDEFINED_SQLSTATES = {"42P01": "table", "42703": "column"}  # PostgreSQL
+_UNDEFINED_MYSQL = {1146: "table", 1054: "column"}  # MySQL, MariaDB
+_UNDEFINED_SQLITE = {"no such table": "table", "no such column": "column",
+                     "has no column": "column"}
+
+
+def schema_missing(dialect: str, exc: BaseException, columns: bool = True) -> bool:
+    """The statement failed for a table (or, with `columns`, a column) that is not there yet:
+    once.ledger.schema creates or upgrades the tables, then the statement is tried again (or,
+    for a read, nothing has run yet). `exc` is the driver's exception."""
+    if dialect == "postgresql":
+        missing = _UNDEFINED_SQLSTATES.get(getattr(exc, "sqlstate", None) or "")
+    elif dialect == "mysql":
+        missing = _UNDEFINED_MYSQL.get(error_code(exc) or 0)
+    else:
+        text = str(exc)
+        missing = next((what for words, what in _UNDEFINED_SQLITE.items() if words in text),
+                       None)
+    return missing == "table" or (columns and missing == "column")

@@ -261,10 +261,6 @@ class SqliteLedger(Ledger):
         # The shared reads are written in the pyformat style; sqlite3 wants :name.
         return [tuple(r) for r in self._conn.execute(_named(sql), params).fetchall()]
 
-    def _is_schema_error(self, exc: Exception) -> bool:
-        text = str(exc)
-        return "no such table" in text or "no such column" in text or "has no column" in text
-
 
 def sqlite_time(text: str) -> datetime:
     """A time as SQLite holds it, naive UTC; also as earlier versions wrote a year before 1000
