@@ -16,6 +16,9 @@ The ledger stays claimable: an attempt goes with the run row it belongs to, fini
 starts again at attempt 1 and would collide with any attempt row left behind. A ledger
 without tables (or a SQLite file that does not exist) has nothing to prune and is not
 created; a ledger that cannot be reached is a LedgerError (exit 75).
+
+Imports SQLAlchemy and once.ledger.schema (never on the hot path), and once.report's survey,
+which finds the gaps a prune must keep.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ last ran with (so reports know which periods were expected), `once_meta` the sch
 Creation is safe under concurrent first use: it runs under a lock that only one process holds
 at a time (PostgreSQL advisory lock, MySQL GET_LOCK, SQLite's write lock), and it only creates
 what is missing.
+
+Imports SQLAlchemy (and through it the URL's driver) and once.ledger's url and records: never
+on the hot path. once.ledger.base imports it only when a statement finds a table or column
+missing; the reports, once serve and `once schema` import it for the tables.
 """
 
 from __future__ import annotations
