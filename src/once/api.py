@@ -30,10 +30,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from once import core, limits
+from once import attempt, core, limits, outcomes
+from once.deadlines import statement_timeout
+from once.lease import Lease
 from once.ledger import Job, Ledger, LedgerError, default_url, open_ledger, parse_url
+from once.outcomes import Status
 from once.periods import Period, schedule
-from once.runner import Lease
 
 
 class FencedOut(Exception):
@@ -85,8 +87,8 @@ def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: st
           now: datetime | None = None) -> Iterator[Run]:
     """Claim the current period of job (as `once run` would) for the duration of the block.
 
-    The claim, its heartbeat (runner.Lease: the same deadline rule as `once run`) and its
-    finish (core.record_result: retried, fenced, recognising a write whose answer was lost)
+    The claim, its heartbeat (once.lease.Lease: the same deadline rule as `once run`) and its
+    finish (once.attempt.record_result: retried, fenced, recognising a write whose answer was lost)
     are the command line's own. A process forked inside the block never finishes, renews or
     closes the parent's claim: only the process that claimed does.
 
@@ -117,18 +119,20 @@ def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: st
         raise limits.InputError(f"out of range: {exc} (periods exist from year 1 to "
                                 f"9999)") from None
     ledger = open_ledger(parse_url(db or default_url()),
-                         timeout=core.statement_timeout(stale_after))
+                         timeout=statement_timeout(stale_after))
     claimer = os.getpid()
     try:
         sent = Lease.now()
         won = ledger.claim(the_job, period.key, period.start, period.end, owner,
                            max_clock_skew=max_clock_skew)
         run = Run(name, period, won.won, won.attempt, won.fence,
-                  "" if won.won else won.skip_reason, _ledger=ledger)
+                  "" if won.won else outcomes.skip(won.status), _ledger=ledger)
         if not won.won:
             yield run
             return
-        run._lease = Lease(_renewal(run, ledger), stale_after, sent)
+        # Once finish_in has marked it, nothing is left to keep alive.
+        run._lease = Lease(attempt.renewal(ledger, name, period.key, won.attempt,
+                                           lambda: run.finished), stale_after, sent)
         with _heartbeat(run._lease):
             try:
                 yield run
@@ -145,19 +149,6 @@ def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: st
             ledger.abandon()  # the parent's connection: closing it here would end it there
 
 
-def _renewal(run: Run, ledger: Ledger) -> Any:
-    def renew() -> bool:
-        if run.finished:  # finish_in marked it: nothing left to keep alive
-            return True
-        try:
-            return ledger.renew(run.job, run.period.key, run.attempt)
-        except LedgerError:
-            ledger.close()  # the next renewal opens a fresh connection
-            raise
-
-    return renew
-
-
 @contextmanager
 def _heartbeat(lease: Lease) -> Iterator[None]:
     stop = threading.Event()
@@ -171,7 +162,8 @@ def _heartbeat(lease: Lease) -> Iterator[None]:
             thread.join()
 
 
-def _finish(run: Run, ledger: Ledger, job: Job, won: Any, status: str, exit_code: int) -> None:
+def _finish(run: Run, ledger: Ledger, job: Job, won: Any, status: Status,
+            exit_code: int) -> None:
     lease = run._lease
     assert lease is not None
     # Past the deadline the block has already run: the fenced write below still records it
@@ -179,7 +171,7 @@ def _finish(run: Run, ledger: Ledger, job: Job, won: Any, status: str, exit_code
     if lease.lost:
         ledger.release(run.job, run.period.key)
         raise FencedOut(f"{run.job} {run.period.key}: the claim was lost; nothing recorded")
-    recorded = core.record_result(ledger, job, run.period.key, won, status, exit_code, status,
+    recorded = attempt.record_result(ledger, job, run.period.key, won, status, exit_code, status,
                                   lease)
     run.finished = True
     if recorded is None:

@@ -347,15 +347,8 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
                                                on_skip, ping_body_tail, output_tail))
     period = core.current_period(sched, lag)
     with ledger_for(target, stale_after) as ledger:
-        if catchup:
-            # The last N periods before this one, from the job's first on.
-            missed = core.missing_periods(ledger, the_job, sched,
-                                          sched.shifted(period, -catchup),
-                                          sched.previous(period), from_first=True)
-            status = core.catch_up(ledger, the_job, missed, command, settings)
-            if status:
-                return status
-        return core.run_shards(ledger, the_job, period, command, settings, all_shards).status
+        return core.run_now(ledger, the_job, sched, period, command, settings, catchup,
+                            all_shards)
 
 
 def verbosity(verbose: int, quiet: bool) -> int:
@@ -371,17 +364,12 @@ def core_job(name: str, namespace: str | None, sched: Any, lag: int, max_attempt
     from once.core import default_owner
     from once.ledger import Job
 
-    stored = stored_name(name, namespace)
+    stored = limits.stored_name(name, namespace)
     limits.schedule(sched.spec, sched.tz_name)
     limits.job(lag, max_attempts, stale_after, shards)
     default_owner()
     return Job(stored, sched.kind, sched.spec, sched.tz_name, lag, max_attempts, stale_after,
                shards)
-
-
-def stored_name(name: str, namespace: str | None) -> str:
-    """The job name as the ledger stores it, NS:JOB with a namespace; usage error if bad."""
-    return limits.stored_name(name, namespace)
 
 
 def open_target(db: str | None, password_file: str | None) -> Any:
@@ -402,7 +390,7 @@ def open_target(db: str | None, password_file: str | None) -> Any:
 
 
 def ledger_for(target: Any, stale_after: float = 300.0) -> Any:
-    from once.core import statement_timeout
+    from once.deadlines import statement_timeout
     from once.ledger import open_ledger
 
     return open_ledger(target, timeout=statement_timeout(stale_after))

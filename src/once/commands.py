@@ -30,7 +30,6 @@ from once.cli import (
     open_target,
     output_tail_option,
     schedule_options,
-    stored_name,
     verbosity,
     verbosity_options,
 )
@@ -112,23 +111,11 @@ def _progress(quiet: bool, log_format: str = "text") -> Any:
     --quiet."""
     from once import core
 
-    if quiet:
-        return _silent_progress()
-    if sys.stderr.isatty() and log_format == "text":
+    if not quiet and sys.stderr.isatty() and log_format == "text":
         from once.progress import BarProgress
 
         return BarProgress()
-    return core.Progress()
-
-
-def _silent_progress() -> Any:
-    from once import core
-
-    class Silent(core.Progress):
-        def result(self, period: Any, result: Any, seconds: float) -> None:
-            pass
-
-    return Silent()
+    return core.Progress(quiet)
 
 
 EXIT_REFUSED = 69
@@ -161,10 +148,9 @@ def rerun(job: str, key: str, reason: str | None, allow_future: bool, db: str | 
     The job's schedule and zone come from the ledger (as its latest once run left them).
     Refused, with status 69, while a live attempt holds the period.
     """
-    from once import core
-    from once.periods import schedule as make_schedule
+    from once import core, stored
 
-    name = stored_name(job, namespace)
+    name = limits.stored_name(job, namespace)
     if reason is not None:
         limits.reason(reason)
     core.default_owner()  # a bad ONCE_OWNER: refused before anything is sent
@@ -174,15 +160,8 @@ def rerun(job: str, key: str, reason: str | None, allow_future: bool, db: str | 
         if the_job is None:
             raise click.UsageError(f"unknown job {name!r}: it has never run in "
                                    f"{target.redacted}")
-        sched = make_schedule(the_job.schedule if the_job.kind == "every" else None,
-                              the_job.schedule if the_job.kind == "cron" else None, the_job.tz)
-        base, sharp, index = key.partition("#")
-        shard = int(index) if index.isascii() and index.isdigit() else -1
-        if the_job.shards == 1 and sharp:
-            raise click.UsageError(f"bad --period {key!r}: job {name} has no shards")
-        if the_job.shards > 1 and not 0 <= shard < the_job.shards:
-            raise click.UsageError(f"job {name} runs {the_job.shards} shards: give --period "
-                                   f"KEY#i, i from 0 to {the_job.shards - 1}")
+        sched = stored.job_schedule(the_job.kind, the_job.schedule, the_job.tz)
+        base, shard = stored.parse(key, name, the_job.shards)
         period = sched.from_key(base)
         if not allow_future:
             core.refuse_future(period, "--period")
@@ -193,8 +172,7 @@ def rerun(job: str, key: str, reason: str | None, allow_future: bool, db: str | 
                                  output_tail=output_tail,
                                  command_hash=core.command_hash(command, version_tag))
         result = core.run_period(ledger, the_job, period, command, settings,
-                                 rerun_reason=reason or "once rerun",
-                                 shard=shard if the_job.shards > 1 else None)
+                                 rerun_reason=reason or "once rerun", shard=shard)
     if result.outcome == "skipped-held":
         core.say(f"{name} {key}: rerun refused: a live attempt holds it; try again when it "
                  f"has finished")
@@ -273,7 +251,7 @@ def state(job: str, db: str | None, db_password_file: str | None, namespace: str
     from once import core
     from once.periods import iso
 
-    name = stored_name(job, namespace)
+    name = limits.stored_name(job, namespace)
     owner = core.default_owner()
     seed = None
     if every or cron:
@@ -392,7 +370,7 @@ def status(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
     if last is not None and not timeline:
         raise click.UsageError("--last goes with --timeline")
     for job in jobs:
-        stored_name(job, namespace)  # a usage error for a bad name
+        limits.stored_name(job, namespace)  # a usage error for a bad name
     return report.status(open_target(db, db_password_file), jobs, namespace, as_json,
                          timeline=timeline, last=last)
 
@@ -411,7 +389,7 @@ def history(job: str, db: str | None, db_password_file: str | None, namespace: s
     exit status, rerun reason and, for a failed attempt, the last line of its output."""
     from once import report
 
-    return report.history(open_target(db, db_password_file), stored_name(job, namespace),
+    return report.history(open_target(db, db_password_file), limits.stored_name(job, namespace),
                           limit, as_json, period=key)
 
 
@@ -432,7 +410,7 @@ def logs(job: str, db: str | None, db_password_file: str | None, namespace: str 
     tabs are shown escaped (\\u001b)."""
     from once import logs as show
 
-    return show.logs(open_target(db, db_password_file), stored_name(job, namespace), key,
+    return show.logs(open_target(db, db_password_file), limits.stored_name(job, namespace), key,
                      attempt, as_json)
 
 
@@ -454,7 +432,7 @@ def check(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
     from once import report
 
     for job in jobs:
-        stored_name(job, namespace)  # a usage error for a bad name
+        limits.stored_name(job, namespace)  # a usage error for a bad name
     return report.check(open_target(db, db_password_file), jobs, namespace, grace, as_json)
 
 

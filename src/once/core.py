@@ -1,7 +1,9 @@
-"""Run and catch-up, composed from the period engine, the ledger and the runner.
+"""Run and catch-up, composed from the period engine, the ledger, the lease and the runner.
 
 This is what `once run` does and what a Python job imports; the CLI is a thin layer over it.
-Nothing here imports SQLAlchemy or rich: it is the hot path of every cron fire.
+What the command is handed is once.child's, what an attempt writes once its command has ended
+once.attempt's, the words of every outcome once.outcomes'. Nothing here imports SQLAlchemy or
+rich: it is the hot path of every cron fire (the runner and the lease only once a claim is won).
 """
 
 from __future__ import annotations
@@ -14,14 +16,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from once import outcomes
+from once.child import StateFile, child_env
 from once.deadlines import lease_now
 from once.ledger import Claim, CommandDrift, Job, Ledger, LedgerError
 from once.limits import OUTPUT_TAIL
 from once.periods import Period, Schedule, iso
+from once.stored import shard_key
 
 if TYPE_CHECKING:
+    from once.lease import Lease
     from once.notify import Notifier
-    from once.runner import Lease
+    from once.runner import Outcome
 
 # Exit statuses of `once run` that are not the child's own (README "Exit status").
 EXIT_USAGE = 2
@@ -61,12 +67,6 @@ class Settings:
             self.owner = default_owner()
 
 
-def statement_timeout(stale_after: float) -> float:
-    """How long one ledger statement or connect may take: well below --stale-after, so that
-    nothing hangs past a lease's deadline, and never under a second or over ten."""
-    return max(1.0, min(10.0, stale_after / 3))
-
-
 def default_owner() -> str:
     """ONCE_OWNER (a pod name, say), else host name and process id. A bad ONCE_OWNER is an
     InputError (once.limits.owner), never stored."""
@@ -103,16 +103,6 @@ def current_period(schedule: Schedule, lag: int = 0, now: datetime | None = None
     return schedule.shifted(period, -lag) if lag else period
 
 
-# Every name `once` gives the command or a hook (README "The command's environment"). None
-# is a variable `once` reads (ONCE_TZ, read as --tz, is given as ONCE_PERIOD_TZ), and each is
-# dropped from what the command inherits before this run's own are set: a `once` that the
-# command or a hook starts behaves as it does when cron starts it, and never sees an outer
-# run's shard, watermark file or attempt as its own.
-EXPORTED = ("ONCE_JOB", "ONCE_PERIOD", "ONCE_PERIOD_START", "ONCE_PERIOD_END",
-            "ONCE_PERIOD_TZ", "ONCE_ATTEMPT", "ONCE_FENCE", "ONCE_STATE", "ONCE_STATE_OUT",
-            "ONCE_SHARD", "ONCE_SHARDS", "ONCE_OUTCOME", "ONCE_STATUS", "ONCE_OUTPUT_FILE")
-
-
 def refuse_future(period: Period, option: str, now: datetime | None = None) -> None:
     """A usage error for a period that has not begun: run ahead of time, it would be marked
     done and the real fire in it would skip (catchup --until, rerun --period)."""
@@ -124,40 +114,21 @@ def refuse_future(period: Period, option: str, now: datetime | None = None) -> N
                          f"--allow-future runs it anyway")
 
 
-def child_env(job: Job, period: Period, claim: Claim | None, shard: int | None = None,
-              claimed: bool = True) -> dict[str, str]:
-    """The command's environment (README "The command's environment"); a skip's hooks get
-    it without the attempt."""
-    env = {name: value for name, value in os.environ.items() if name not in EXPORTED}
-    env.update({
-        "ONCE_JOB": job.name,
-        "ONCE_PERIOD": period.key,
-        "ONCE_PERIOD_START": iso(period.start),
-        "ONCE_PERIOD_END": iso(period.end),
-        "ONCE_PERIOD_TZ": job.tz,
-    })
-    if claimed and claim is not None:
-        env.update({"ONCE_ATTEMPT": str(claim.attempt), "ONCE_FENCE": str(claim.fence)})
-    if shard is not None:
-        env.update({"ONCE_SHARD": str(shard), "ONCE_SHARDS": str(job.shards)})
-    return env
-
-
 @dataclass(frozen=True)
 class Result:
     """What became of one period: its outcome (ONCE_OUTCOME's words) and once's exit status."""
 
-    outcome: str  # done, failed, timed-out, fenced-out, skipped-*, unreachable
+    outcome: outcomes.Result
     status: int
     output: bytes | None = None  # the tail of the command's output (None: not captured)
 
     @property
     def ran(self) -> bool:
-        return not self.outcome.startswith("skipped")
+        return self.outcome not in outcomes.SKIPS
 
     @property
     def ok(self) -> bool:
-        return self.outcome in ("done", "skipped-done", "skipped-held", "skipped-failed")
+        return self.outcome in outcomes.OK
 
 
 def command_hash(command: Sequence[str], version_tag: str | None = None) -> str:
@@ -171,16 +142,26 @@ def command_hash(command: Sequence[str], version_tag: str | None = None) -> str:
     return f"{zlib.crc32(text.encode('utf-8', 'surrogateescape')):08x}"
 
 
-def shard_key(period: Period, shard: int | None) -> str:
-    """The ledger key of a period, or of one shard of it (`KEY#i`)."""
-    return period.key if shard is None else f"{period.key}#{shard}"
+def run_now(ledger: Ledger, job: Job, schedule: Schedule, period: Period,
+            command: Sequence[str], settings: Settings, catchup: int = 0,
+            all_shards: bool = False) -> int:
+    """`once run`: make up the periods among the `catchup` before `period` that need a run
+    (from the job's first on; a failure there is the status), then claim `period`; both with
+    the same settings (--require-same-command refuses in either)."""
+    if catchup:
+        missed = missing_periods(ledger, job, schedule, schedule.shifted(period, -catchup),
+                                 schedule.previous(period), from_first=True)
+        status = catch_up(ledger, job, missed, command, settings)
+        if status:
+            return status
+    return run_shards(ledger, job, period, command, settings, all_shards).status
 
 
 def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
                settings: Settings, rerun_reason: str | None = None,
                shard: int | None = None, notify_skip: bool = True) -> Result:
     """Claim one period (or one shard of it) and, if won, run command for it."""
-    key = shard_key(period, shard)
+    key = shard_key(period.key, shard)
     what = f"{job.name} {key}"
     settings.context = {"job": job.name, "period": key}
     sent = lease_now()
@@ -217,8 +198,7 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
 def _notify(settings: Settings, result: Result, env: dict[str, str]) -> None:
     """Pings and hooks; not for `unreachable`, where the missing success ping is the alarm,
     nor for a refused command drift (a usage error: nothing was claimed)."""
-    if settings.notifier is not None and result.outcome not in ("unreachable",
-                                                                  "command-drift"):
+    if settings.notifier is not None and result.outcome not in outcomes.UNCLAIMED:
         def log(message: str, event: str) -> None:
             say(message, settings, ERROR, event)
 
@@ -237,13 +217,13 @@ def run_shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
         return run_period(ledger, job, period, command, settings)
     last: Result | None = None
     failure: Result | None = None
-    skips: set[str] = set()
+    skips: set[outcomes.Skip] = set()
     for shard in range(job.shards):
         result = run_period(ledger, job, period, command, settings, shard=shard,
                             notify_skip=False)
-        if result.outcome in ("unreachable", "command-drift"):
+        if result.outcome in outcomes.UNCLAIMED:
             return result
-        if not result.ran:
+        if result.outcome in outcomes.SKIPS:
             skips.add(result.outcome)
             continue
         last = result
@@ -251,45 +231,74 @@ def run_shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
         if not all_shards:
             break
     if last is None:
-        outcome = next((o for o in ("skipped-failed", "skipped-held") if o in skips),
-                       "skipped-done")
+        outcome: outcomes.Skip = next((o for o in ("skipped-failed", "skipped-held")
+                                       if o in skips), "skipped-done")
         last = Result(outcome, settings.skipped_exit_code)
         _notify(settings, last, child_env(job, period, None, claimed=False))
     return failure or last
 
 
 def _skipped(what: str, claim: Claim, job: Job, settings: Settings) -> Result:
-    if claim.skip_reason == "skipped-failed":
+    skip = outcomes.skip(claim.status)
+    if skip == "skipped-failed":
         say(f"{what}: skipped: failed {claim.attempt} times, no attempts left of "
             f"--max-attempts {job.max_attempts} (once rerun runs it again)", settings,
-            event=claim.skip_reason)
-    elif claim.skip_reason == "skipped-done":
-        say(f"{what}: skipped: done by attempt {claim.attempt}", settings, VERBOSE,
-            claim.skip_reason)
+            event=skip)
+    elif skip == "skipped-done":
+        say(f"{what}: skipped: done by attempt {claim.attempt}", settings, VERBOSE, skip)
     else:
         age = f", heartbeat {claim.heartbeat_age:.1f}s ago" if claim.heartbeat_age else ""
         promise = (f", stale after {claim.stale_after:g}s" if claim.stale_after is not None
                    else "")
         say(f"{what}: skipped: held by {claim.owner} (attempt {claim.attempt}{age}{promise})",
-            settings, VERBOSE, claim.skip_reason)
-    return Result(claim.skip_reason, settings.skipped_exit_code)
+            settings, VERBOSE, skip)
+    return Result(skip, settings.skipped_exit_code)
 
 
 def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int | None,
                  claim: Claim, command: Sequence[str], settings: Settings,
                  sent: float) -> Result:
-    from once import runner  # not needed for a skip
+    """Run the command under the claim's lease, then record how it ended."""
+    from once import attempt  # not needed for a skip
+    from once.lease import Lease
 
     what = f"{job.name} {key} attempt {claim.attempt}"
+    lease = Lease(attempt.renewal(ledger, job.name, key, claim.attempt), job.stale_after,
+                  sent)
+    outcome, new_state, state_error = _run_command(ledger, job, period, shard, claim,
+                                                   command, settings, lease)
+    if outcome.kind == "fenced-out":
+        why = "another attempt took it over" if lease.lost else (
+            f"the ledger stayed unreachable past the deadline ({lease.last_error})")
+        say(f"{what}: fenced out: {why}; the command was stopped and nothing was recorded",
+            settings, ERROR, "fenced-out")
+        if lease.lost and not lease.stranded:  # the ledger answers: keep what it said
+            attempt.keep_output(ledger, job, key, claim, outcome.output, lease)
+        return Result("fenced-out", EXIT_FENCED_OUT, outcome.output)
+    if outcome.kind == "exec-failed":
+        say(f"cannot run {command[0]!r}: {outcome.message}", settings, ERROR, "exec-failed")
+    if outcome.kind == "guard-died":  # the group is dead: the failure may be retried at once
+        say(f"{what}: {outcome.message}; recorded failed", settings, ERROR, "guard-died")
+    if state_error:
+        say(f"{what}: {state_error}; recorded failed", settings, ERROR, "bad-state")
+    status = outcomes.status(outcome.succeeded, bool(state_error))
+    history = outcomes.history(outcome.kind, outcome.succeeded,
+                               outcome.interrupted_by is not None, bool(state_error))
+    recorded = attempt.record_result(ledger, job, key, claim, status, outcome.status, history,
+                                     lease, new_state, outcome.output)
+    if not recorded:
+        return _not_recorded(ledger, job, key, claim, what, recorded is None, status,
+                             new_state, outcome.output, lease, settings)
+    return _recorded(what, outcome, status, settings)
 
-    def renew() -> bool:
-        try:
-            return ledger.renew(job.name, key, claim.attempt)
-        except LedgerError:
-            ledger.close()  # the next renewal opens a fresh connection
-            raise
 
-    lease = runner.Lease(renew, job.stale_after, sent)
+def _run_command(ledger: Ledger, job: Job, period: Period, shard: int | None, claim: Claim,
+                 command: Sequence[str], settings: Settings,
+                 lease: Lease) -> tuple[Outcome, str | None, str]:
+    """Run the command to its end (or ours): how it ended, and the new watermark it left
+    (None: no change) or why that cannot be stored ('' when it can)."""
+    from once import runner
+
     env = child_env(job, period, claim, shard)
     with StateFile(settings.state) as state:
         if settings.state:
@@ -300,74 +309,46 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
         if lease.stranded:  # closing or reusing that connection can crash (SQLite: SIGSEGV)
             ledger.abandon()
         new_state, state_error = state.read() if outcome.succeeded else (None, "")
-    if outcome.kind == "fenced-out":
-        why = "another attempt took it over" if lease.lost else (
-            f"the ledger stayed unreachable past the deadline ({lease.last_error})")
-        say(f"{what}: fenced out: {why}; the command was stopped and nothing was recorded",
-            settings, ERROR, "fenced-out")
-        if lease.lost and not lease.stranded:  # the ledger answers: keep what it said
-            keep_output(ledger, job, key, claim, outcome.output, lease)
-        return Result("fenced-out", EXIT_FENCED_OUT, outcome.output)
-    if outcome.kind == "exec-failed":
-        say(f"cannot run {command[0]!r}: {outcome.message}", settings, ERROR, "exec-failed")
-    if outcome.kind == "guard-died":  # the group is dead: the failure may be retried at once
-        say(f"{what}: {outcome.message}; recorded failed", settings, ERROR, "guard-died")
-    if state_error:
-        say(f"{what}: {state_error}; recorded failed", settings, ERROR, "bad-state")
-    status = "done" if outcome.succeeded and not state_error else "failed"
-    # The history's outcome says more than the status where there is more to say.
-    result: str = {"timed-out": "timed-out", "exec-failed": "exec-failed",
-                   "guard-died": "guard-died"}.get(outcome.kind, status)
-    if outcome.interrupted_by is not None:
-        result = "interrupted"
-    if state_error:
-        result = "bad-state"
-    recorded = record_result(ledger, job, key, claim, status, outcome.status, result, lease,
-                             new_state, outcome.output)
-    output = outcome.output
-    if recorded is None:
+    return outcome, new_state, state_error
+
+
+def _not_recorded(ledger: Ledger, job: Job, key: str, claim: Claim, what: str,
+                  unreachable: bool, status: outcomes.Status, new_state: str | None,
+                  output: bytes | None, lease: Lease, settings: Settings) -> Result:
+    """The final write did not land: the ledger stayed unreachable, or the row is no longer
+    ours (its output is then kept in the attempt's own row)."""
+    from once import attempt
+
+    if unreachable:
         say(f"{what}: the ledger stayed unreachable, the result ({status}) was not recorded "
             f"({lease.last_error}); the period will be retried once its claim goes stale",
             settings, ERROR, "unreachable")
         return Result("unreachable", EXIT_LEDGER, output)
-    if not recorded:
-        why = "another attempt took it over"
-        if new_state is not None and ledger.state(job.name)[1] != claim.state_version:
-            why = "the job's watermark moved while the command ran"
-        say(f"{what}: fenced out: the final write matched no row ({why}); nothing was "
-            f"recorded", settings, ERROR, "fenced-out")
-        keep_output(ledger, job, key, claim, output, lease)
-        return Result("fenced-out", EXIT_FENCED_OUT, output)
+    why = "another attempt took it over"
+    if new_state is not None and ledger.state(job.name)[1] != claim.state_version:
+        why = "the job's watermark moved while the command ran"
+    say(f"{what}: fenced out: the final write matched no row ({why}); nothing was "
+        f"recorded", settings, ERROR, "fenced-out")
+    attempt.keep_output(ledger, job, key, claim, output, lease)
+    return Result("fenced-out", EXIT_FENCED_OUT, output)
+
+
+def _recorded(what: str, outcome: Outcome, status: outcomes.Status,
+              settings: Settings) -> Result:
+    """The result of a recorded attempt, and once's exit status for it."""
+    output = outcome.output
     if outcome.kind == "timed-out":
         say(f"{what}: timed out after --timeout {settings.timeout:g}s; recorded failed",
             settings, ERROR, "timed-out")
-        return Result("timed-out", EXIT_TIMEOUT, output)
+        return Result(outcomes.result(outcome.kind, status), EXIT_TIMEOUT, output)
     if outcome.interrupted_by is not None:  # a pod's SIGTERM: the log must say why it ended
         say(f"{what}: {_signal_name(outcome.interrupted_by)} received and forwarded to the "
             f"command, which ended with status {outcome.status}; recorded failed", settings,
             ERROR, "interrupted")
     say(f"{what}: {status} (exit {outcome.status})", settings, VERBOSE, status)
     if status == "failed" and outcome.status == 0:
-        return Result("failed", 1, output)
-    return Result(status, outcome.status, output)
-
-
-def keep_output(ledger: Ledger, job: Job, key: str, claim: Claim, output: bytes | None,
-                lease: Lease) -> None:
-    """A fenced-out attempt's output, into its own attempt row (`once logs` shows what it
-    said before it was stopped): best effort, one bounded statement, never an error."""
-    if output is None:
-        return
-    from once.relay import text
-    from once.runner import NoAnswer
-
-    try:
-        lease.call(lambda: ledger.keep_output(job.name, key, claim.attempt, text(output)),
-                   until=lease.now())
-    except NoAnswer:
-        ledger.abandon()  # the statement still waits on the connection: never close it
-    except LedgerError:
-        pass
+        return Result(status, 1, output)
+    return Result(outcomes.result(outcome.kind, status), outcome.status, output)
 
 
 def _signal_name(number: int) -> str:
@@ -377,102 +358,6 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-# How long a final write is retried past the lease's deadline: --stale-after, at least 30 s
-# and at most 10 minutes. The write is fenced (it names our attempt and a running row), so
-# trying longer is safe: until another attempt takes the row over, a write that lands records
-# what really happened and the period is not run again; after a takeover it matches no row.
-FINISH_GRACE_MIN, FINISH_GRACE_MAX = 30.0, 600.0
-
-
-def finish_grace(stale_after: float) -> float:
-    return max(FINISH_GRACE_MIN, min(FINISH_GRACE_MAX, stale_after))
-
-
-def record_result(ledger: Ledger, job: Job, key: str, claim: Claim, status: str,
-                  exit_code: int, outcome: str, lease: Lease,
-                  new_state: str | None = None, output: bytes | None = None) -> bool | None:
-    """Write the result, retrying on fresh connections until the lease's deadline plus
-    finish_grace (a statement that gets no answer is left behind on its connection).
-    output, the tail of the command's output, goes into the same write.
-
-    True: recorded (now, or by an earlier try whose answer was lost). False: the row is no
-    longer ours. None: the ledger stayed unreachable, or refused the statement.
-    """
-    from once.relay import text
-    from once.runner import NoAnswer
-
-    stored = text(output) if output is not None else None
-    give_up = lease.deadline + finish_grace(job.stale_after)
-    while True:
-        try:
-            # Waits for a renewal in flight, and gives up on a server that stopped answering.
-            return lease.call(lambda: ledger.finish(
-                job.name, key, claim.attempt, "done" if status == "done" else "failed",
-                exit_code, outcome, new_state if status == "done" else None,
-                claim.state_version, stored), until=give_up)
-        except NoAnswer as exc:
-            lease.last_error = str(exc)
-            ledger.abandon()  # the statement still waits on the connection: never close it
-        except LedgerError as exc:
-            lease.last_error = str(exc)
-            ledger.close()
-            if not exc.transient:  # a refused statement stays refused
-                return None
-        left = give_up - lease.now()
-        if left <= 0:
-            return None
-        time.sleep(min(1.0, left))
-
-
-class StateFile:
-    """ONCE_STATE_OUT: a path in a private directory where the command may leave a new
-    watermark. No file means no change; one trailing newline is dropped; at most 64 KiB of
-    UTF-8, else the run fails."""
-
-    def __init__(self, wanted: bool) -> None:
-        self.wanted = wanted  # without --state: no directory, and read() finds nothing
-        self.directory = ""
-        self.path = ""
-
-    def __enter__(self) -> StateFile:
-        if self.wanted:
-            import tempfile
-
-            self.directory = tempfile.mkdtemp(prefix="once-state-")
-            self.path = os.path.join(self.directory, "state")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.directory:
-            import shutil
-
-            shutil.rmtree(self.directory, ignore_errors=True)
-
-    def read(self) -> tuple[str | None, str]:
-        """(the new watermark or None for no change, an error message or '')."""
-        from once.limits import STATE_LIMIT
-
-        if not self.wanted:
-            return None, ""
-        try:
-            with open(self.path, "rb") as handle:
-                data = handle.read(STATE_LIMIT + 2)
-        except FileNotFoundError:
-            return None, ""
-        except OSError as exc:
-            return None, f"cannot read ONCE_STATE_OUT: {exc.strerror}"
-        if data.endswith(b"\n"):
-            data = data[:-1]
-        if len(data) > STATE_LIMIT:
-            return None, "the new state written to ONCE_STATE_OUT is over 64 KiB"
-        if b"\0" in data:  # PostgreSQL's text cannot hold it: refused on every backend
-            return None, "the new state written to ONCE_STATE_OUT holds a NUL byte"
-        try:
-            return data.decode("utf-8"), ""
-        except UnicodeDecodeError:
-            return None, "the new state written to ONCE_STATE_OUT is not UTF-8"
 
 
 # -- catch-up and rerun ----------------------------------------------------------------------
@@ -537,6 +422,10 @@ class Progress:
     --log-format says (a terminal may do more)."""
 
     settings: Settings | None = None  # catch_up sets it: the log format, the verbosity
+    quiet = False  # --quiet: no line at all
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
 
     def start(self, total: int) -> None:
         pass
@@ -545,6 +434,8 @@ class Progress:
         pass
 
     def result(self, period: Period, result: Result, seconds: float) -> None:
+        if self.quiet:
+            return
         verb = {"done": "done", "failed": "failed", "timed-out": "timed out",
                 "fenced-out": "fenced out"}.get(result.outcome, result.outcome)
         say(f"{period.key}: {verb} (exit {result.status}, {seconds:.1f}s)" if result.ran
@@ -576,7 +467,7 @@ def catch_up(ledger: Ledger, job: Job, periods: Sequence[Period], command: Seque
             if result.ok:
                 continue
             first_failure = first_failure or result.status or 1
-            if not keep_going or result.outcome in ("unreachable", "command-drift"):
+            if not keep_going or result.outcome in outcomes.UNCLAIMED:
                 break
     finally:
         progress.stop()

@@ -1,4 +1,5 @@
-"""The clock and the rules every lease deadline follows, shared by the CLI, core, api and runner.
+"""The clock and the rules every lease deadline follows, shared by the CLI, core, api, lease
+and runner.
 
 Kept apart from once.runner so that a `once run` that skips (and the CLI's option checks)
 never imports the runner's process machinery.
@@ -41,6 +42,13 @@ def max_grace(stale_after: float) -> float:
     owner whose ledger answers is never stopped.
     """
     return stale_after / 3
+
+
+def statement_timeout(stale_after: float) -> float:
+    """How long one ledger statement or connect may take: well below --stale-after, so that
+    nothing hangs past a lease's deadline, and never under a second or over ten. Also the
+    least an owner's bounded statement (once.lease.Lease.call) is given past its limit."""
+    return max(1.0, min(10.0, stale_after / 3))
 
 
 def kill_after_problem(kill_after: float, stale_after: float) -> str:

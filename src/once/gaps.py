@@ -23,7 +23,7 @@ alike: what `once check` reports missing is what `once catchup` makes up. It rea
 rows through `Rows`, which the reports answer with SQLAlchemy and catch-up with once.ledger's
 plain SQL (`once run --catchup` is a cron fire: no SQLAlchemy).
 
-Standard library and once.periods only.
+Standard library, once.periods and once.stored only.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from typing import Protocol
 from zoneinfo import ZoneInfo
 
 from once.periods import Period, Schedule
+from once.stored import shard_keys
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SECOND = timedelta(seconds=1)
@@ -379,8 +380,3 @@ class GapFinder:
                         if key not in have.get(at, ()):
                             yield (period, key)
                 period = self.sched.next(period)
-
-
-def shard_keys(key: str, shards: int) -> list[str]:
-    """A period's keys in the ledger: KEY, or KEY#0 ... KEY#N-1 with --shards N."""
-    return [key] if shards == 1 else [f"{key}#{i}" for i in range(shards)]

@@ -93,10 +93,25 @@ def reason(value: str) -> str:
     return value
 
 
+def state_problem(data: bytes) -> str:
+    """What keeps data from being stored as a job's watermark, '' when nothing does: more
+    than STATE_LIMIT bytes, a NUL (PostgreSQL's text cannot hold it: refused on every
+    backend), or not UTF-8. For a watermark set by hand and one a command leaves."""
+    if len(data) > STATE_LIMIT:
+        return "is over 64 KiB"
+    if b"\0" in data:
+        return "holds a NUL byte"
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "is not UTF-8"
+    return ""
+
+
 def state(value: str) -> str:
     """A watermark set by hand: UTF-8 text of at most STATE_LIMIT bytes."""
-    utf8("the watermark", value)
-    if len(value.encode("utf-8")) > STATE_LIMIT:
+    utf8("the watermark", value)  # as every text given: then only its length can be wrong
+    if state_problem(value.encode("utf-8")):
         raise InputError("a watermark holds at most 64 KiB of UTF-8")
     return value
 

@@ -16,8 +16,8 @@ import click
 import pytest
 
 from helpers import ONCE, run_once
+from once.child import EXPORTED
 from once.cli import cli, load_commands
-from once.core import EXPORTED
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "once"
 

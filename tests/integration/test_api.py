@@ -9,6 +9,7 @@ import time
 import pytest
 
 import once
+from helpers import run_once
 from ledger_sql import query
 from once.ledger import parse_url
 
@@ -107,3 +108,19 @@ def _connect(target):  # type: ignore[no-untyped-def]
 
 def _commit(target, conn) -> None:  # type: ignore[no-untyped-def]
     conn.commit()
+
+
+@pytest.mark.parametrize("job, namespace", [
+    ("", None), ("nightly report", None), ("x" * 201, None), ("j" * 55, "n" * 200),
+    ("ok", "bad ns"),
+], ids=repr)
+def test_the_api_refuses_a_bad_name_with_the_cli_s_message(
+        ledger_url: str, once_env: dict[str, str], job: str, namespace: str | None) -> None:
+    # One rule (once.limits.stored_name) for both, before anything is sent.
+    ns = ["--namespace", namespace] if namespace is not None else []
+    refused = run_once("run", "--job", job, *ns, "--every", "day", "--", "true", env=once_env)
+    assert refused.returncode == 2
+    with pytest.raises(once.InputError) as error, once.claim(job, every="day", db=ledger_url,
+                                                             namespace=namespace):
+        raise AssertionError("the block ran")
+    assert refused.stderr == f"once: {error.value}\n"

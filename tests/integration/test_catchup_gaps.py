@@ -12,9 +12,10 @@ import pytest
 
 from helpers import run_once, wait_for
 from ledger_sql import query
-from once import core, gaps
+from once import core
 from once.ledger import Job, open_ledger, parse_url, schema
 from once.periods import Period, schedule
+from once.stored import shard_keys
 from procs import alive, parent, pids, start_once
 
 DAY = ["--job", "gaps", "--every", "day"]
@@ -156,7 +157,7 @@ def test_the_periods_catch_up_finds_match_brute_force(seed: int, ledger_url: str
     periods.reverse()
     rows: dict[str, tuple[Period, str, int]] = {}
     for i, period in enumerate(periods):
-        for key in gaps.shard_keys(period.key, shards):
+        for key in shard_keys(period.key, shards):
             if i == 0 or rng.random() < 0.75:
                 status = rng.choices(["done", "failed", "running"], [12, 2, 1])[0]
                 rows[key] = (period, status, rng.choice([1, 3]))
@@ -164,7 +165,7 @@ def test_the_periods_catch_up_finds_match_brute_force(seed: int, ledger_url: str
     expected = [p for p in periods if any(
         key not in rows or rows[key][1] == "running"  # every heartbeat is stale
         or (rows[key][1] == "failed" and rows[key][2] < 3)
-        for key in gaps.shard_keys(p.key, shards))]
+        for key in shard_keys(p.key, shards))]
     with open_ledger(parse_url(ledger_url)) as ledger:
         assert core.missing_periods(ledger, job, sched, None, until) == expected
         assert core.missing_periods(ledger, job, sched, None, until, limit=3) == expected[:3]

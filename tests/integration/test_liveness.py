@@ -23,7 +23,7 @@ import pytest
 
 from helpers import ONCE, continue_if_sqlite, run_once, wait_for
 from ledger_sql import query, scalar
-from once.core import FINISH_GRACE_MIN as FINISH_GRACE
+from once.attempt import FINISH_GRACE_MIN as FINISH_GRACE
 from once.ledger import Job, open_ledger, parse_url
 from procs import (
     Terminal,

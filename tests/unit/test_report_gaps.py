@@ -13,6 +13,7 @@ import pytest
 from once import gaps, report
 from once.ledger import parse_url, schema
 from once.periods import Period, schedule
+from once.stored import shard_keys
 
 ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "America/Havana",
          "Pacific/Apia", "Asia/Kathmandu", "America/Santiago", "Pacific/Chatham"]
@@ -53,13 +54,13 @@ def test_missing_periods_match_brute_force(seed: int, tmp_path: Path) -> None:
     for i, period in enumerate(periods):
         if i and gap == 0 and rng.random() < 0.05:
             gap = rng.randrange(1, 40)
-        for key in gaps.shard_keys(period.key, shards):
+        for key in shard_keys(period.key, shards):
             if i == 0 or (gap == 0 and rng.random() > 0.03):
                 rows[key] = (period, rng.choices(["done", "failed", "running"], [20, 1, 1])[0])
         gap = max(0, gap - 1)
     if rng.random() < 0.3:  # the job stopped a while ago: a gap up to now
         for period in periods[-rng.randrange(1, len(periods) + 1):][1:]:
-            for key in gaps.shard_keys(period.key, shards):
+            for key in shard_keys(period.key, shards):
                 rows.pop(key, None)
     url = f"sqlite:///{tmp_path}/ledger.db"
     seed_ledger(url, sched, shards, periods[0], rows)
@@ -68,7 +69,7 @@ def test_missing_periods_match_brute_force(seed: int, tmp_path: Path) -> None:
     with report.reading(target) as conn:
         (state,) = report.survey(conn, target, report.select_jobs(conn, None, None), NOW)
     expected = [(p.start.astimezone(UTC), key) for p in periods
-                for key in gaps.shard_keys(p.key, shards)
+                for key in shard_keys(p.key, shards)
                 if key not in rows or (rows[key][1] == "running")]  # heartbeats are stale
     assert state.due_last == due_last
     assert state.missing == len(expected)
