@@ -1,7 +1,7 @@
 """The children that log what `once run` gave them, and the runs that start them: shared by
 the watermark (test_state.py), shard (test_shards.py) and command drift (test_drift.py)
-tests, which take its fixture `env` with `pytest_plugins = ["child_log"]`. What the children
-saw is counted from their own log ($LOG); what the ledger holds is read with plain SQL.
+tests; its fixture `env` is registered by tests/conftest.py. What the children saw is
+counted from their own log ($LOG); what the ledger holds is read with plain SQL.
 """
 
 from __future__ import annotations

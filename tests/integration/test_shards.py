@@ -28,7 +28,6 @@ from helpers import ONCE, release_together, run_once, wait_for
 from ledger_sql import query, scalar
 from procs import alive, parent, pids, start_once
 
-pytest_plugins = ["child_log"]  # env
 pytestmark = pytest.mark.usefixtures("ledger_url")
 
 

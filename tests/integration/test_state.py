@@ -32,7 +32,6 @@ from procs import alive, pids, start_once
 SEE_AND_WRITE = ["sh", "-c", 'printf "%s|%s\\n" "$ONCE_PERIOD" "$ONCE_STATE" >> "$LOG"; '
                  'printf "%s\\n" "$ONCE_PERIOD" > "$ONCE_STATE_OUT"']
 
-pytest_plugins = ["child_log"]  # env
 pytestmark = pytest.mark.usefixtures("ledger_url")
 
 
