@@ -3,12 +3,17 @@ bytes stored with the attempt's finish, on every backend, by real `once` process
 
 from __future__ import annotations
 
+import array
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import termios
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -370,15 +375,43 @@ def test_a_done_attempt_has_no_last_line_column(once_env: dict[str, str],
     assert job["last_failure"] is None
 
 
-def _pipe_full(fd: int) -> bool:
-    """Whether the pipe whose read end is fd holds as much as it can."""
-    import array
-    import fcntl
-    import termios
-
+def _held(fd: int) -> int:
+    """How many bytes the pipe that fd reads holds."""
     held = array.array("i", [0])
     fcntl.ioctl(fd, termios.FIONREAD, held, True)
-    return held[0] >= fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    return held[0]
+
+
+def _pipe_full(fd: int) -> bool:
+    """Whether the pipe whose read end is fd holds as much as it can."""
+    return _held(fd) >= fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+
+
+def _emptied(path: str) -> bool:
+    """Whether the pipe at path (a /proc/PID/fd/N of the command's) holds nothing."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a reader of it, which reads nothing
+    try:
+        return _held(fd) == 0
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _once_into_pipe(args: list[str], env: dict[str, str], read: int,
+                    write: int) -> Iterator[subprocess.Popen[bytes]]:
+    """`once ARGS` writing to the pipe (read, write), whose write end only it keeps open;
+    killed if the test leaves it running, and the read end closed after."""
+    try:
+        proc = subprocess.Popen([ONCE, *args], env=env, stdout=write, stderr=subprocess.PIPE)
+        os.close(write)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    finally:
+        os.close(read)
 
 
 @pytest.mark.parametrize("stop", ["sigterm", "timeout"])
@@ -390,43 +423,18 @@ def test_a_stop_is_not_held_up_by_a_reader_that_never_reads(
     # systemd's or Kubernetes' SIGKILL, which leaves the attempt unrecorded).
     read, write = os.pipe()
     timeout = ["--timeout", "2"] if stop == "timeout" else []
-    try:
-        proc = subprocess.Popen(
-            [ONCE, "run", "--job", "stuck", *DAY, "--kill-after", "2", *timeout, "--",
-             sys.executable, "-c", "import os; os.write(1, b'x' * 5_000_000)"],
-            env=once_env, stdout=write, stderr=subprocess.PIPE)
-        os.close(write)
-        try:
-            wait_for(lambda: _pipe_full(read), what="once's stdout to fill up")
-            if stop == "sigterm":
-                proc.send_signal(signal.SIGTERM)
-            err = proc.communicate(timeout=60)[1]
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    finally:
-        os.close(read)
+    args = ["run", "--job", "stuck", *DAY, "--kill-after", "2", *timeout, "--",
+            sys.executable, "-c", "import os; os.write(1, b'x' * 5_000_000)"]
+    with _once_into_pipe(args, once_env, read, write) as proc:
+        wait_for(lambda: _pipe_full(read), what="once's stdout to fill up")
+        if stop == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=60)[1]
     expected = (143, "interrupted") if stop == "sigterm" else (124, "timed-out")
     assert proc.returncode == expected[0], err
     [(_, outcome, code, output)] = stored(ledger_url, "stuck")
     assert (outcome, code) == (expected[1], 143)
     assert output and set(output) == {"x"}
-
-
-def _emptied(path: str) -> bool:
-    """Whether the pipe at path (a /proc/PID/fd/N of the command's) holds nothing."""
-    import array
-    import fcntl
-    import termios
-
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a reader of it, which reads nothing
-    try:
-        held = array.array("i", [0])
-        fcntl.ioctl(fd, termios.FIONREAD, held, True)
-        return held[0] == 0
-    finally:
-        os.close(fd)
 
 
 def test_what_could_not_be_delivered_is_still_in_the_tail(
@@ -442,23 +450,13 @@ def test_what_could_not_be_delivered_is_still_in_the_tail(
     os.set_blocking(write, True)
     pid_file = tmp_path / "pid"
     script = f"echo 'disk full'; echo $$ > {pid_file}; exec sleep 60"
-    try:
-        proc = subprocess.Popen([ONCE, "run", "--job", "full", *DAY, "--kill-after", "2", "--",
-                                 "sh", "-c", script],
-                                env=once_env, stdout=write, stderr=subprocess.PIPE)
-        os.close(write)
-        try:
-            wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(),
-                     what="the command to speak")
-            stdout = f"/proc/{pid_file.read_text().strip()}/fd/1"
-            wait_for(lambda: _emptied(stdout), what="the relay to take its line")
-            proc.send_signal(signal.SIGTERM)
-            err = proc.communicate(timeout=60)[1]
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    finally:
-        os.close(read)
+    args = ["run", "--job", "full", *DAY, "--kill-after", "2", "--", "sh", "-c", script]
+    with _once_into_pipe(args, once_env, read, write) as proc:
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(),
+                 what="the command to speak")
+        stdout = f"/proc/{pid_file.read_text().strip()}/fd/1"
+        wait_for(lambda: _emptied(stdout), what="the relay to take its line")
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=60)[1]
     assert proc.returncode == 143, err
     assert stored(ledger_url, "full") == [(1, "interrupted", 143, "disk full\n")]

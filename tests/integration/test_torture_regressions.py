@@ -159,6 +159,25 @@ class _RowLock:
             self.conn.rollback()
         self.conn.close()
 
+    def release_when(self, proc: subprocess.Popen[str], marker: str) -> list[str]:
+        """once's stderr lines, read to the end; the lock is released as soon as one says
+        `marker`, so that the statement waiting on it is answered while once exits (else
+        when once has exited)."""
+        released = False
+        try:
+            assert proc.stderr is not None
+            lines = []
+            for line in proc.stderr:
+                lines.append(line)
+                if marker in line and not released:
+                    self.release()
+                    released = True
+            proc.wait(30)
+        finally:
+            if not released:
+                self.release()
+        return lines
+
 
 @pytest.mark.parametrize("command", ["run", "catchup"])
 def test_a_final_write_answered_while_once_exits_still_exits_75(
@@ -177,20 +196,8 @@ def test_a_final_write_answered_while_once_exits_still_exits_75(
         env=env, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: (tmp_path / "started").exists(), what="the command")
     lock = _RowLock(ledger_url)
-    released = False
-    try:
-        (tmp_path / "go").touch()  # the command succeeds; its result must wait for the lock
-        assert proc.stderr is not None
-        lines = []
-        for line in proc.stderr:
-            lines.append(line)
-            if "not recorded" in line and not released:
-                lock.release()  # the abandoned statement gets its answer as once exits
-                released = True
-        proc.wait(30)
-    finally:
-        if not released:
-            lock.release()
+    (tmp_path / "go").touch()  # the command succeeds; its result must wait for the lock
+    lines = lock.release_when(proc, "not recorded")  # the abandoned statement's answer
     assert proc.returncode == 75, (proc.returncode, lines)
     assert "Traceback" not in "".join(lines)
 
@@ -273,18 +280,6 @@ def test_a_renewal_stuck_past_the_deadline_keeps_its_connection(
                             stderr=subprocess.PIPE, text=True)
     wait_for(lambda: (tmp_path / "started").exists(), what="the command")
     lock = _RowLock(ledger_url)
-    released = False
-    try:
-        assert proc.stderr is not None
-        lines = []
-        for line in proc.stderr:
-            lines.append(line)
-            if "fenced out" in line and not released:
-                lock.release()  # the waiting renewal gets its answer as once exits
-                released = True
-        proc.wait(30)
-    finally:
-        if not released:
-            lock.release()
+    lines = lock.release_when(proc, "fenced out")  # the waiting renewal's answer
     assert proc.returncode == 70, (proc.returncode, lines)
     assert "Fatal Python error" not in "".join(lines)
