@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from once import attempt, core, limits, outcomes
+from once import attempt, core, limits
 from once.deadlines import statement_timeout
 from once.lease import Lease
 from once.ledger import Job, Ledger, LedgerError, default_url, open_ledger, parse_url
@@ -88,8 +88,8 @@ def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: st
     """Claim the current period of job (as `once run` would) for the duration of the block.
 
     The claim, its heartbeat (once.lease.Lease: the same deadline rule as `once run`) and its
-    finish (once.attempt.record_result: retried, fenced, recognising a write whose answer was lost)
-    are the command line's own. A process forked inside the block never finishes, renews or
+    finish (once.attempt.record_result: retried, fenced, recognising a write whose answer was
+    lost) are the command line's own. A process forked inside the block never finishes, renews or
     closes the parent's claim: only the process that claimed does.
 
     Raises ValueError (once.limits.InputError, once.periods.SpecError) for what `once run`
@@ -98,26 +98,9 @@ def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: st
     also a parameter of the wrong type, and a `now` whose period lies outside the years 1 to
     9999.
     """
-    # The command line's limits, raised as InputError (a ValueError), SpecError for the
-    # schedule, before anything is sent.
-    name = limits.stored_name(job, namespace)
-    for label, value in (("every", every), ("cron", cron), ("db", db)):
-        limits.text(label, value, optional=True)
-    limits.text("tz", tz)
-    if now is not None and not isinstance(now, datetime):
-        raise limits.InputError(f"bad now {now!r}: give an aware datetime")
-    sched = schedule(every, cron, tz)
-    limits.schedule(sched.spec, sched.tz_name)
-    limits.job(lag, max_attempts, stale_after)
-    limits.seconds("max_clock_skew", max_clock_skew, zero_ok=True)
-    owner = core.default_owner()
-    the_job = Job(name, sched.kind, sched.spec, sched.tz_name, lag, max_attempts,
-                  float(stale_after))
-    try:
-        period = core.current_period(sched, lag, now or datetime.now(UTC))
-    except OverflowError as exc:  # `once` says it with exit 2
-        raise limits.InputError(f"out of range: {exc} (periods exist from year 1 to "
-                                f"9999)") from None
+    the_job, period, owner = _checked(job, every, cron, tz, db, lag, stale_after, max_attempts,
+                                      namespace, max_clock_skew, now)
+    name = the_job.name
     ledger = open_ledger(parse_url(db or default_url()),
                          timeout=statement_timeout(stale_after))
     claimer = os.getpid()
@@ -126,7 +109,7 @@ def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: st
         won = ledger.claim(the_job, period.key, period.start, period.end, owner,
                            max_clock_skew=max_clock_skew)
         run = Run(name, period, won.won, won.attempt, won.fence,
-                  "" if won.won else outcomes.skip(won.status), _ledger=ledger)
+                  "" if won.won else won.skip_reason, _ledger=ledger)
         if not won.won:
             yield run
             return
@@ -147,6 +130,32 @@ def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: st
             ledger.__exit__(None, None, None)
         else:
             ledger.abandon()  # the parent's connection: closing it here would end it there
+
+def _checked(job: str, every: str | None, cron: str | None, tz: str, db: str | None, lag: int,
+             stale_after: float, max_attempts: int, namespace: str | None,
+             max_clock_skew: float, now: datetime | None) -> tuple[Job, Period, str]:
+    """The job, its current period and the owner, every parameter checked as the command
+    line checks it (InputError, a ValueError; SpecError for the schedule) before anything is
+    sent."""
+    name = limits.stored_name(job, namespace)
+    for label, value in (("every", every), ("cron", cron), ("db", db)):
+        limits.text(label, value, optional=True)
+    limits.text("tz", tz)
+    if now is not None and not isinstance(now, datetime):
+        raise limits.InputError(f"bad now {now!r}: give an aware datetime")
+    sched = schedule(every, cron, tz)
+    limits.schedule(sched.spec, sched.tz_name)
+    limits.job(lag, max_attempts, stale_after)
+    limits.seconds("max_clock_skew", max_clock_skew, zero_ok=True)
+    owner = core.default_owner()
+    the_job = Job(name, sched.kind, sched.spec, sched.tz_name, lag, max_attempts,
+                  float(stale_after))
+    try:
+        period = core.current_period(sched, lag, now or datetime.now(UTC))
+    except OverflowError as exc:  # `once` says it with exit 2
+        raise limits.InputError(f"out of range: {exc} (periods exist from year 1 to "
+                                f"9999)") from None
+    return the_job, period, owner
 
 
 @contextmanager
@@ -171,8 +180,8 @@ def _finish(run: Run, ledger: Ledger, job: Job, won: Any, status: Status,
     if lease.lost:
         ledger.release(run.job, run.period.key)
         raise FencedOut(f"{run.job} {run.period.key}: the claim was lost; nothing recorded")
-    recorded = attempt.record_result(ledger, job, run.period.key, won, status, exit_code, status,
-                                  lease)
+    recorded = attempt.record_result(ledger, job, run.period.key, won, status, exit_code,
+                                     status, lease)
     run.finished = True
     if recorded is None:
         raise LedgerError(f"{run.job} {run.period.key}: the result ({status}) could not be "

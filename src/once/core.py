@@ -21,7 +21,7 @@ from once.child import StateFile, child_env
 from once.deadlines import lease_now
 from once.ledger import Claim, CommandDrift, Job, Ledger, LedgerError
 from once.limits import OUTPUT_TAIL
-from once.periods import Period, Schedule, iso
+from once.periods import Period, Schedule, iso, utc_instant
 from once.stored import shard_key
 
 if TYPE_CHECKING:
@@ -239,7 +239,7 @@ def run_shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
 
 
 def _skipped(what: str, claim: Claim, job: Job, settings: Settings) -> Result:
-    skip = outcomes.skip(claim.status)
+    skip = claim.skip_reason
     if skip == "skipped-failed":
         say(f"{what}: skipped: failed {claim.attempt} times, no attempts left of "
             f"--max-attempts {job.max_attempts} (once rerun runs it again)", settings,
@@ -390,11 +390,11 @@ def missing_periods(ledger: Ledger, job: Job, schedule: Schedule, since: Period 
             raise NothingToResume(f"job {job.name} has never run: give --since")
     elif since is None or from_first:
         first_period = schedule.containing(first)
-        if since is None or _utc(since.start) < _utc(first_period.start):
+        if since is None or utc_instant(since.start) < utc_instant(first_period.start):
             since = first_period
     assert since is not None
-    lo, hi = _utc(since.start), _utc(until.end)
-    if lo > _utc(until.start):
+    lo, hi = utc_instant(since.start), utc_instant(until.end)
+    if lo > utc_instant(until.start):
         return []
     rows = [gaps.OpenRow(*row) for row in ledger.open_rows(job.name, lo, hi)]
     finder = gaps.GapFinder(schedule, job.shards, ledger.rows(job.name),
@@ -402,19 +402,15 @@ def missing_periods(ledger: Ledger, job: Job, schedule: Schedule, since: Period 
     # Both streams are in order of period start; a period may come from both, or several times.
     made_up = ((r.start, schedule.containing(r.start)) for r in rows
                if gaps.needs_run(r, job.max_attempts))
-    rowless = ((_utc(period.start), period) for period, _ in finder.units(lo, hi))
+    rowless = ((utc_instant(period.start), period) for period, _ in finder.units(lo, hi))
     found: list[Period] = []
     for start, period in heapq.merge(made_up, rowless, key=lambda pair: pair[0]):
-        if found and _utc(found[-1].start) == start:
+        if found and utc_instant(found[-1].start) == start:
             continue
         if limit is not None and len(found) >= limit:
             break
         found.append(period)
     return found
-
-
-def _utc(instant: datetime) -> datetime:
-    return instant.astimezone(UTC)
 
 
 class Progress:

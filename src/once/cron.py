@@ -20,8 +20,8 @@ from once.periods import (
     SpecError,
     _clock_key,
     _clock_key_instant,
-    _utc,
     iso,
+    utc_instant,
 )
 
 _MINUTE = timedelta(minutes=1)
@@ -68,7 +68,7 @@ class CronSchedule(Schedule):
         self._plans: dict[date, datetime | list[datetime]] = {}  # see _plan
 
     def containing(self, instant: datetime) -> Period:
-        at = _utc(instant)
+        at = utc_instant(instant)
         start = self._fire(at, backwards=True).astimezone(self.tz)
         end = self._fire(at, backwards=False).astimezone(self.tz)
         return Period(_clock_key(start), start, end)

@@ -38,7 +38,7 @@ from itertools import pairwise
 from typing import Protocol
 from zoneinfo import ZoneInfo
 
-from once.periods import Period, Schedule
+from once.periods import Period, Schedule, utc_instant
 from once.stored import shard_keys
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -58,8 +58,8 @@ def count(sched: Schedule, first: Period, last: Period) -> int | None:
 
     None for a cron schedule, whose fire times have no closed form.
     """
-    start, end = _utc(first.start), _utc(last.end)
-    if _utc(last.start) < start:
+    start, end = utc_instant(first.start), utc_instant(last.end)
+    if utc_instant(last.start) < start:
         return 0
     if sched.kind != "every":
         return None
@@ -72,7 +72,7 @@ def count(sched: Schedule, first: Period, last: Period) -> int | None:
 
 def count_starts(sched: Schedule, start: datetime, end: datetime) -> int | None:
     """How many periods start in [start, end), two period boundaries; None for cron."""
-    start, end = _utc(start), _utc(end)
+    start, end = utc_instant(start), utc_instant(end)
     if end <= start:
         return 0
     if sched.kind != "every":
@@ -188,10 +188,6 @@ def _us(instant: datetime) -> int:
     return (instant - _EPOCH) // _US
 
 
-def _utc(instant: datetime) -> datetime:
-    return instant.astimezone(UTC)
-
-
 # -- which periods need a run -----------------------------------------------------------------
 
 
@@ -285,7 +281,7 @@ class GapFinder:
             return
         tail = None
         if self.latest is not None and lo <= self.latest < hi:
-            tail_start = _utc(self.sched.containing(self.latest).end)
+            tail_start = utc_instant(self.sched.containing(self.latest).end)
             if tail_start < hi:
                 tail = (tail_start, hi)
                 deficit -= self.expected(tail_start, hi)
@@ -316,17 +312,17 @@ class GapFinder:
         if deficit >= self.expected(a, b):  # nothing there at all
             yield from self._all(a, b, backwards)
             return
-        if _utc(first.end) >= b:  # one period, some of its shards missing
+        if utc_instant(first.end) >= b:  # one period, some of its shards missing
             yield from self._shards_missing(first, backwards)
             return
         cuts = [a]
         for k in range(1, SPLIT):
-            cut = _utc(self.sched.containing(a + (b - a) * k / SPLIT).start)
+            cut = utc_instant(self.sched.containing(a + (b - a) * k / SPLIT).start)
             if cut > cuts[-1]:
                 cuts.append(cut)
         cuts.append(b)
         if len(cuts) == 2:  # too few periods to cut at instants: cut after the first one
-            cuts = [a, _utc(first.end), b]
+            cuts = [a, utc_instant(first.end), b]
         stretches = [(x, y, lack) for (x, y), lack
                      in zip(pairwise(cuts), self._deficits(cuts), strict=True)]
         for x, y, lack in reversed(stretches) if backwards else stretches:
@@ -334,14 +330,14 @@ class GapFinder:
 
     def _all(self, a: datetime, b: datetime, backwards: bool) -> Iterator[Unit]:
         period = self.sched.containing(b - _US if backwards else a)
-        while a <= _utc(period.start) < b:
+        while a <= utc_instant(period.start) < b:
             keys = shard_keys(period.key, self.shards)
             for key in reversed(keys) if backwards else keys:
                 yield (period, key)
             period = self.sched.previous(period) if backwards else self.sched.next(period)
 
     def _shards_missing(self, period: Period, backwards: bool) -> Iterator[Unit]:
-        start = _utc(period.start)
+        start = utc_instant(period.start)
         have = self.rows.keys_at([start]).get(start, set())
         keys = [k for k in shard_keys(period.key, self.shards) if k not in have]
         for key in reversed(keys) if backwards else keys:
@@ -372,8 +368,8 @@ class GapFinder:
         latest = datetime.min.replace(tzinfo=UTC)  # a short period may lie in a hole too
         for start, end in holes:
             period = self.sched.containing(start)
-            while _utc(period.start) < end:
-                at = _utc(period.start)
+            while utc_instant(period.start) < end:
+                at = utc_instant(period.start)
                 if at > latest:
                     latest = at
                     for key in shard_keys(period.key, self.shards):

@@ -8,7 +8,8 @@ fails is one `once:` line on stderr that never shows the URL's path (it holds th
 runs in a process group of its own, which is killed whole after HOOK_TIMEOUT (a child it
 left behind would hold once's stdout and stderr, and cron would wait for it); its failure
 is one `once:` line. Only the standard library is
-used (urllib), and only when a ping or hook is configured.
+used (urllib), and only when a ping or hook is configured; of once, the words of an outcome
+(once.outcomes).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from once.outcomes import SKIPS, Result
+
 PING_TIMEOUT = 3.0  # seconds per request
 PING_TRIES = 3
 BACKOFF = (0.5, 1.0)  # seconds before the second and the third try
@@ -31,7 +34,6 @@ SHELL = "/bin/sh"
 Log = Callable[[str, str], None]  # (message, event): how a failure is told (--log-format)
 
 SUCCESS = ("done",)
-SKIPS = ("skipped-done", "skipped-held", "skipped-failed")
 HOOK_OPTIONS = {"success": "--on-success", "failure": "--on-failure", "skip": "--on-skip"}
 
 
@@ -66,7 +68,7 @@ class Notifier:
             target=lambda: errors.append(ping(url, stop=stop)), daemon=True)
         self._start.start()
 
-    def finished(self, outcome: str, status: int, env: Mapping[str, str],
+    def finished(self, outcome: Result, status: int, env: Mapping[str, str],
                  log: Log | None = None, output: bytes | None = None) -> None:
         """The period's outcome is known: ping (within PING_BUDGET), then run the hook.
         Failures are told through log (default: a plain `once:` line). output: the tail of
@@ -109,7 +111,7 @@ class Notifier:
                 run_hook(hook, {**env, "ONCE_OUTCOME": outcome, "ONCE_STATUS": str(status),
                                 **extra}, HOOK_OPTIONS[kind], log)
 
-    def _result_url(self, outcome: str, status: int) -> tuple[str | None, str]:
+    def _result_url(self, outcome: Result, status: int) -> tuple[str | None, str]:
         """The URL that tells outcome, and what to call it in a message."""
         if not self.ping_url:
             return None, ""

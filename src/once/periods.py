@@ -87,7 +87,9 @@ def iso(dt: datetime) -> str:
     return dt.isoformat(timespec="seconds")
 
 
-def _utc(instant: datetime) -> datetime:
+def utc_instant(instant: datetime) -> datetime:
+    """The same instant in UTC, for comparing instants of any zones; a naive datetime is
+    refused (a time as a driver hands it back is once.ledger.from_db_time's)."""
     if instant.tzinfo is None:
         # astimezone() would read it in the machine's zone: never what a schedule means.
         raise ValueError(f"naive datetime {instant}: periods need an aware one")
@@ -107,7 +109,7 @@ _CLOCK_KEY = re.compile(
 def _clock_key_instant(key: str) -> datetime | None:
     if not _CLOCK_KEY.fullmatch(key):
         return None
-    return _utc(datetime.fromisoformat(key))
+    return utc_instant(datetime.fromisoformat(key))
 
 
 class Schedule(ABC):
@@ -145,7 +147,7 @@ class Schedule(ABC):
         return self.containing(period.end)
 
     def previous(self, period: Period) -> Period:
-        return self.containing(_utc(period.start) - _TICK)
+        return self.containing(utc_instant(period.start) - _TICK)
 
     def shifted(self, period: Period, n: int) -> Period:
         """The period n periods later (n < 0: earlier)."""
@@ -172,19 +174,19 @@ class Schedule(ABC):
 
     def between(self, first: Period, last: Period) -> Iterator[Period]:
         """first, the periods after it, ..., last (inclusive); nothing if last is before first."""
-        stop = _utc(last.start)
+        stop = utc_instant(last.start)
         period = first
-        while _utc(period.start) <= stop:
+        while utc_instant(period.start) <= stop:
             yield period
             period = self.next(period)
 
     def overlapping(self, start: datetime, end: datetime) -> Iterator[Period]:
         """The periods that overlap [start, end), in order."""
-        stop = _utc(end)
-        if _utc(start) >= stop:
+        stop = utc_instant(end)
+        if utc_instant(start) >= stop:
             return
         period = self.containing(start)
-        while _utc(period.start) < stop:
+        while utc_instant(period.start) < stop:
             yield period
             period = self.next(period)
 
@@ -266,7 +268,7 @@ class _Clock(Schedule):
         self.unit = unit
 
     def containing(self, instant: datetime) -> Period:
-        at = _utc(instant)
+        at = utc_instant(instant)
         start = self._boundary_at_or_before(at).astimezone(self.tz)
         end = self._boundary_after(at).astimezone(self.tz)
         return Period(_clock_key(start), start, end)
@@ -341,7 +343,7 @@ class _Calendar(Schedule):
         self.days = _DAYS.get(spec, 0)
 
     def containing(self, instant: datetime) -> Period:
-        at = _utc(instant)
+        at = utc_instant(instant)
         first = self._floor(at.astimezone(self.tz).date())
         start = self._start(first)
         # The local date runs backwards only at the odd pre-1990 date-line move, but then the

@@ -26,8 +26,8 @@ from once.ledger.records import (
     CommandDrift,
     Job,
     LedgerError,
-    Status,
     describe,
+    from_db_time,
 )
 from once.ledger.url import (
     Dialect,
@@ -41,8 +41,8 @@ from once.ledger.url import (
 
 __all__ = [
     "Claim", "ClockSkew", "CommandDrift", "Dialect", "Job", "Ledger", "LedgerError",
-    "LedgerRows", "Status", "Target", "UrlError", "create_private", "default_url", "describe",
-    "open_ledger", "parse_url", "redact",
+    "LedgerRows", "Target", "UrlError", "create_private", "default_url", "describe",
+    "from_db_time", "open_ledger", "parse_url", "redact",
 ]
 
 

@@ -39,13 +39,14 @@ from once.ledger.records import (
     CommandDrift,
     Job,
     LedgerError,
-    Status,
     busy_server,
     describe,
+    from_db_time,
     schema_missing,
     transient,
 )
 from once.ledger.url import Dialect, Target
+from once.outcomes import Status
 
 T = TypeVar("T")
 
@@ -115,7 +116,7 @@ class Ledger:
 
     def abandon(self) -> None:
         """Forget the connection without closing it: a statement that got no answer still
-        waits on it on another thread (runner.Lease.call), and closing a connection under
+        waits on it on another thread (once.lease.Lease.call), and closing a connection under
         a statement can crash the process (SQLite: SIGSEGV). The next statement opens a
         fresh one; the old one goes with the process."""
         self._conn = None
@@ -353,8 +354,7 @@ class Ledger:
 
     def _from_db_time(self, value: Any) -> datetime:
         """A time the driver read, as an aware UTC datetime (naive values are UTC)."""
-        instant: datetime = value
-        return instant.replace(tzinfo=UTC) if instant.tzinfo is None else instant.astimezone(UTC)
+        return from_db_time(value)
 
     def _open(self) -> Any:
         raise NotImplementedError

@@ -43,7 +43,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 
-from once.ledger import LedgerError, Target, describe
+from once.ledger import LedgerError, Target, describe, from_db_time
 from once.ledger.schema import attempts, engine, jobs, runs
 
 STATE_ROWS = "(state)"  # once_attempts' record of `once state --set`: no run row of its own
@@ -107,12 +107,12 @@ def _needed(conn: Connection, target: Target) -> tuple[dict[str, datetime],
     keep: dict[str, datetime] = {}
     for job, latest in conn.execute(select(runs.c.job, func.max(runs.c.period_start))
                                     .where(runs.c.status == "done").group_by(runs.c.job)):
-        keep[job] = report.utc(latest)
+        keep[job] = from_db_time(latest)
     for job, oldest in conn.execute(select(runs.c.job, func.min(runs.c.period_start))
                                     .where(runs.c.status.in_(("running", "failed")))
                                     .group_by(runs.c.job)):
         if job in keep:
-            keep[job] = min(keep[job], report.utc(oldest))
+            keep[job] = min(keep[job], from_db_time(oldest))
     gap: dict[str, datetime] = {}
     states = report.survey(conn, target, report.select_jobs(conn, list(keep), None),
                            report.db_now(conn, target))
@@ -162,16 +162,12 @@ def _move_expected_ranges(conn: Connection, target: Target,
 
     for job, oldest in conn.execute(select(runs.c.job, func.min(runs.c.period_start))
                                     .group_by(runs.c.job)):
-        start = bind(target, min(_aware(oldest), gap.get(job, _aware(oldest))))
+        start = bind(target, min(from_db_time(oldest), gap.get(job, from_db_time(oldest))))
         conn.execute(update(jobs).where(jobs.c.job == job, jobs.c.first_period_start < start)
                      .values(first_period_start=start))
-
-
-def _aware(at: datetime) -> datetime:
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
 
 
 def _idle_jobs(conn: Connection, cut: datetime) -> list[tuple[str, datetime]]:
     rows = conn.execute(select(jobs.c.job, jobs.c.last_fire_at)
                         .where(jobs.c.last_fire_at < cut).order_by(jobs.c.job))
-    return [(job, _aware(at)) for job, at in rows]
+    return [(job, from_db_time(at)) for job, at in rows]

@@ -2,17 +2,25 @@
 (`LedgerError`, `ClockSkew`, `CommandDrift`), and the rules that read a driver's exception
 (transient or not, a busy server, a table or column not created yet), for every dialect.
 
-Imports only the stdlib: the rules look at an exception's class names, SQLSTATE, error code
-or text, never at a driver's classes, so that no driver is loaded to classify its errors.
+Imports only the stdlib and once.outcomes (the words of a status): the rules look at an
+exception's class names, SQLSTATE, error code or text, never at a driver's classes, so that no
+driver is loaded to classify its errors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
-Status = Literal["done", "failed"]
+from once import outcomes
+from once.outcomes import Skip
+
+
+def from_db_time(value: datetime) -> datetime:
+    """A time as a driver hands it back, as an aware UTC datetime: SQLite and MySQL give
+    naive UTC, PostgreSQL an aware time in the session's zone."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 # -- what the ledger answers -----------------------------------------------------------------
@@ -47,11 +55,9 @@ class Claim:
     stale_after: float | None = None  # skipped: the holder's own --stale-after (its promise)
 
     @property
-    def skip_reason(self) -> str:
+    def skip_reason(self) -> Skip:
         """`skipped-done`, `skipped-held` or `skipped-failed` (attempts used up)."""
-        return {"done": "skipped-done", "failed": "skipped-failed"}.get(
-            self.status, "skipped-held"
-        )
+        return outcomes.skip(self.status)
 
 
 def lost_claim(row: tuple[Any, ...] | None) -> Claim:
@@ -98,7 +104,7 @@ def skew_refusal(params: dict[str, Any], db_minus_host: float) -> ClockSkew:
     """The one-line refusal of a claim whose host clock disagrees with the database's."""
     host = params["host_now"]
     host = host if isinstance(host, datetime) else datetime.fromisoformat(str(host))
-    host = host.replace(tzinfo=UTC) if host.tzinfo is None else host.astimezone(UTC)
+    host = from_db_time(host)  # as it was bound: naive UTC on SQLite and MySQL
     database = host + timedelta(seconds=db_minus_host)
     return ClockSkew(
         f"this host's clock ({host:%Y-%m-%d %H:%M:%S} UTC) and the database's "

@@ -53,7 +53,6 @@ from once.report.model import (
     RunRow,
     attempt_entry,
     last_line,
-    utc,
 )
 from once.report.render import (
     age,
@@ -76,5 +75,5 @@ __all__ = [
     "exposition", "findings", "history", "holders", "is_missing_table", "job_zone",
     "last_line", "metrics", "metrics_text", "plain_table", "reading", "say", "select_jobs",
     "status", "status_cells", "status_object", "status_objects", "status_word", "survey",
-    "survey_jobs", "timeline_cells", "took", "utc", "write_line",
+    "survey_jobs", "timeline_cells", "took", "write_line",
 ]

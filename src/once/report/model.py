@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from once.periods import Period, Schedule, iso
+from once.ledger import from_db_time
+from once.periods import Period, Schedule, iso, utc_instant
 
 LIST_LIMIT = 10  # findings (missing keys, failed periods) listed one by one per job and kind
 
@@ -24,11 +25,6 @@ NEVER = datetime.min.replace(tzinfo=UTC)
 DEFAULT_LAST = {"minute": 180, "hour": 168, "day": 91, "week": 52, "month": 24,
                 "quarter": 12, "year": 10}
 MAX_LAST = 20_000
-
-
-def utc(value: datetime) -> datetime:
-    """A stored time as an aware UTC datetime (SQLite and MySQL hand back naive UTC)."""
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def rounded(value: float | None) -> float | None:
@@ -57,10 +53,11 @@ class RunRow:
     @classmethod
     def of(cls, row: Any) -> RunRow:
         m = row._mapping
+        at = from_db_time
         return cls(m["job"], m["period"], m["status"], m["attempt"], m["fence"], m["owner"],
-                   utc(m["period_start"]), utc(m["period_end"]), utc(m["started_at"]),
-                   utc(m["heartbeat_at"]),
-                   utc(m["finished_at"]) if m["finished_at"] is not None else None,
+                   at(m["period_start"]), at(m["period_end"]), at(m["started_at"]),
+                   at(m["heartbeat_at"]),
+                   at(m["finished_at"]) if m["finished_at"] is not None else None,
                    m["exit_code"], float(m["stale_after"]))
 
     @property
@@ -117,7 +114,8 @@ class JobState:
 
     def due(self, row: RunRow) -> bool:
         return (self.first is not None and self.due_last is not None
-                and utc(self.first.start) <= row.period_start < utc(self.due_last.end))
+                and utc_instant(self.first.start) <= row.period_start
+                < utc_instant(self.due_last.end))
 
     def heartbeat_age(self, row: RunRow) -> float:
         return (self.now - row.heartbeat_at).total_seconds()
@@ -201,18 +199,18 @@ def period_state(s: JobState, period: Period, rows: list[Any]) -> str:
     """A timeline cell: the period's state from its once_runs rows (status, heartbeat_at,
     stale_after); with --shards, the worst of its shards' (a shard without a row is missing
     once the period is due)."""
-    start = utc(period.start)
-    due = s.due_last is not None and start <= utc(s.due_last.start)
+    start = utc_instant(period.start)
+    due = s.due_last is not None and start <= utc_instant(s.due_last.start)
     states = set()
     for row in rows:
         if row.status == "running":
-            age = (s.now - utc(row.heartbeat_at)).total_seconds()
+            age = (s.now - from_db_time(row.heartbeat_at)).total_seconds()
             states.add("stale" if age > float(row.stale_after) else "running")
         else:
             states.add(str(row.status))
     if len(rows) < s.shards:
         states.add("missing" if due else "pending")
-    if not rows and (s.first is None or start < utc(s.first.start)):
+    if not rows and (s.first is None or start < utc_instant(s.first.start)):
         return "none"
     for state in ("stale", "failed", "missing", "running", "pending"):
         if state in states:
@@ -236,8 +234,8 @@ def last_line(output: str | None) -> str | None:
 def attempt_entry(row: Any, holder: RunRow | None, now: datetime, tz: Any) -> dict[str, Any]:
     """An attempt (a once_attempts row with its output's end) as `once history --json` shows
     it; holder, the period's once_runs row, tells a live attempt from an abandoned one."""
-    started = utc(row.started_at)
-    finished = utc(row.finished_at) if row.finished_at is not None else None
+    started = from_db_time(row.started_at)
+    finished = from_db_time(row.finished_at) if row.finished_at is not None else None
     outcome = row.outcome
     if row.status == "running":
         if holder is not None and holder.attempt == row.attempt and holder.status == "running":

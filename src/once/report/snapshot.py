@@ -17,9 +17,8 @@ from sqlalchemy import Connection, Engine, create_engine, event, func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
-from once.ledger import LedgerError, Target, describe
+from once.ledger import LedgerError, Target, describe, from_db_time
 from once.ledger import schema as tables
-from once.report.model import utc
 
 
 class NoLedger(Exception):
@@ -136,4 +135,4 @@ def db_now(conn: Connection, target: Target) -> datetime:
         return datetime.fromisoformat(str(text)).replace(tzinfo=UTC)
     expr = func.clock_timestamp() if target.dialect == "postgresql" else func.utc_timestamp(6)
     value = conn.execute(select(expr)).scalar_one()
-    return utc(value)
+    return from_db_time(value)

@@ -36,10 +36,9 @@ from sqlalchemy import (
 from sqlalchemy.sql import Executable
 
 from once import gaps
-from once.ledger import Target
+from once.ledger import Target, from_db_time
 from once.ledger import schema as tables
-from once.periods import Period, SpecError
-from once.periods import schedule as make_schedule
+from once.periods import Period, SpecError, utc_instant
 from once.report.model import (
     LIST_LIMIT,
     MAX_LAST,
@@ -50,9 +49,9 @@ from once.report.model import (
     default_last,
     last_line,
     period_state,
-    utc,
 )
 from once.report.snapshot import bind, db_now
+from once.stored import job_schedule, period_key
 
 WALK_LIMIT = 100_000  # missing units walked per job to count the gaps of a cron job
 CHUNK = 200  # jobs per statement (SQLite allows 500 terms in a compound SELECT)
@@ -110,20 +109,19 @@ def survey(conn: Connection, target: Target, job_rows: Sequence[Any], now: datet
 def _plan(row: Any, now: datetime, grace: float) -> JobState:
     """The job's periods at `now`, from its stored schedule: no database needed."""
     state = JobState(row.job, row.kind, row.schedule, row.tz, row.lag, row.max_attempts,
-                     float(row.stale_after), row.fires, utc(row.first_period_start), now,
+                     float(row.stale_after), row.fires, from_db_time(row.first_period_start), now,
                      max(1, int(row.shards or 1)))
     try:
-        sched = make_schedule(row.schedule if row.kind == "every" else None,
-                              row.schedule if row.kind == "cron" else None, row.tz)
+        sched = job_schedule(row.kind, row.schedule, row.tz)
         state.sched = sched
         state.first = sched.containing(state.first_period_start)
         running_now = sched.containing(now)
         state.current = sched.shifted(running_now, -row.lag)
         state.next = sched.next(state.current)
-        state.next_at = utc(running_now.end)
+        state.next_at = utc_instant(running_now.end)
         due_last = sched.shifted(sched.containing(now - timedelta(seconds=grace)),
                                  -(row.lag + 1))
-        if utc(due_last.start) >= utc(state.first.start):
+        if utc_instant(due_last.start) >= utc_instant(state.first.start):
             state.due_last = due_last
             state.expected = gaps.count(sched, state.first, due_last)
     except (SpecError, ValueError, OverflowError) as exc:
@@ -219,7 +217,7 @@ def _locate_missing(conn: Connection, target: Target, s: JobState) -> None:
     the last one (once.gaps.GapFinder, as catch-up finds them)."""
     if s.due_last is None or s.first is None or s.sched is None:
         return
-    lo, hi = utc(s.first.start), utc(s.due_last.end)
+    lo, hi = utc_instant(s.first.start), utc_instant(s.due_last.end)
     starts = [r.period_start for r in s.open_rows]
     if s.last_done is not None:
         starts.append(s.last_done.period_start)
@@ -234,9 +232,9 @@ def _locate_missing(conn: Connection, target: Target, s: JobState) -> None:
     if missing <= 0:
         return  # every due period has its rows: the common, cheap case
     s.no_row = missing
-    s.no_row_listed = [(utc(p.start), key) for p, key
+    s.no_row_listed = [(utc_instant(p.start), key) for p, key
                        in islice(finder.units(lo, hi, missing), LIST_LIMIT + 1)]
-    s.no_row_last = next(((utc(p.start), key) for p, key
+    s.no_row_last = next(((utc_instant(p.start), key) for p, key
                           in finder.units(lo, hi, missing, backwards=True)), None)
 
 
@@ -245,7 +243,7 @@ def _walk_missing(s: JobState, finder: gaps.GapFinder, lo: datetime, hi: datetim
     listed: list[Unit] = []
     for period, key in finder.units(lo, hi):
         s.no_row += 1
-        s.no_row_last = (utc(period.start), key)
+        s.no_row_last = (utc_instant(period.start), key)
         if len(listed) <= LIST_LIMIT:
             listed.append(s.no_row_last)
         if s.no_row >= WALK_LIMIT:
@@ -286,7 +284,7 @@ class _Rows:
             keys = select(runs.c.period_start, runs.c.period).where(
                 runs.c.job == self.job, runs.c.period_start.in_(chunk))
             for at, key in self.conn.execute(keys):
-                found.setdefault(utc(at), set()).add(key)
+                found.setdefault(from_db_time(at), set()).add(key)
         return found
 
     def done_breaks(self, lo: datetime,
@@ -303,8 +301,9 @@ class _Rows:
                  .where(or_(rows.c.f.is_(None), rows.c.f > rows.c.e))
                  .order_by(rows.c.s))
         first = self.conn.execute(select(func.min(runs.c.period_start)).where(in_range)).scalar()
-        return (None if first is None else utc(first),
-                [(utc(e), None if f is None else utc(f)) for e, f in self.conn.execute(query)])
+        return (None if first is None else from_db_time(first),
+                [(from_db_time(e), None if f is None else from_db_time(f))
+                 for e, f in self.conn.execute(query)])
 
     def short_starts(self, lo: datetime, hi: datetime, shards: int,
                      limit: int) -> list[datetime]:
@@ -312,7 +311,7 @@ class _Rows:
                  .where(runs.c.job == self.job, runs.c.period_start >= bind(self.target, lo),
                         runs.c.period_start < bind(self.target, hi))
                  .group_by(runs.c.period_start).having(func.count() < shards))
-        return [utc(x) for x in self.conn.execute(short.limit(limit)).scalars()]
+        return [from_db_time(x) for x in self.conn.execute(short.limit(limit)).scalars()]
 
 
 def timeline_cells(conn: Connection, target: Target, s: JobState,
@@ -324,8 +323,8 @@ def timeline_cells(conn: Connection, target: Target, s: JobState,
         return []
     count = min(max(1, last or default_last(s)), MAX_LAST)
     periods = [s.current]
-    first = utc(s.first.start) if s.first is not None else NEVER
-    while len(periods) < count and utc(periods[-1].start) > first:
+    first = utc_instant(s.first.start) if s.first is not None else NEVER
+    while len(periods) < count and utc_instant(periods[-1].start) > first:
         periods.append(s.sched.previous(periods[-1]))  # not before the job's first period
     periods.reverse()
     query = select(runs.c.period, runs.c.status, runs.c.heartbeat_at,
@@ -335,5 +334,5 @@ def timeline_cells(conn: Connection, target: Target, s: JobState,
         runs.c.period_start < bind(target, periods[-1].end))
     rows: dict[str, list[Any]] = {}
     for row in conn.execute(query):
-        rows.setdefault(row.period.partition("#")[0], []).append(row)
+        rows.setdefault(period_key(row.period), []).append(row)
     return [(p, period_state(s, p, rows.get(p.key, []))) for p in periods]
