@@ -137,19 +137,16 @@ def _checked(job: str, every: str | None, cron: str | None, tz: str, db: str | N
     """The job, its current period and the owner, every parameter checked as the command
     line checks it (InputError, a ValueError; SpecError for the schedule) before anything is
     sent."""
-    name = limits.stored_name(job, namespace)
+    limits.stored_name(job, namespace)  # the name first, as the command line checks it
     for label, value in (("every", every), ("cron", cron), ("db", db)):
         limits.text(label, value, optional=True)
     limits.text("tz", tz)
     if now is not None and not isinstance(now, datetime):
         raise limits.InputError(f"bad now {now!r}: give an aware datetime")
     sched = schedule(every, cron, tz)
-    limits.schedule(sched.spec, sched.tz_name)
-    limits.job(lag, max_attempts, stale_after)
     limits.seconds("max_clock_skew", max_clock_skew, zero_ok=True)
+    the_job = core.claiming_job(job, namespace, sched, lag, max_attempts, stale_after)
     owner = core.default_owner()
-    the_job = Job(name, sched.kind, sched.spec, sched.tz_name, lag, max_attempts,
-                  float(stale_after))
     try:
         period = core.current_period(sched, lag, now or datetime.now(UTC))
     except OverflowError as exc:  # `once` says it with exit 2

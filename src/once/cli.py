@@ -333,7 +333,7 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
     from once.periods import schedule as make_schedule
 
     sched = make_schedule(every, cron, tz)
-    the_job = core_job(job, namespace, sched, lag, max_attempts, stale_after, shards)
+    the_job = core.claiming_job(job, namespace, sched, lag, max_attempts, stale_after, shards)
     target = open_target(db, db_password_file)
     settings = core.Settings(kill_after=kill_after_for(kill_after, stale_after),
                              timeout=timeout, skipped_exit_code=skipped_exit_code,
@@ -355,21 +355,6 @@ def verbosity(verbose: int, quiet: bool) -> int:
     from once import core
 
     return core.QUIET if quiet else core.NORMAL + min(verbose, 1)
-
-
-def core_job(name: str, namespace: str | None, sched: Any, lag: int, max_attempts: int,
-             stale_after: float, shards: int = 1) -> Any:
-    """The job a claiming command works on, every limit checked (once.limits) before
-    anything is sent; ONCE_OWNER too, so that a bad one claims nothing."""
-    from once.core import default_owner
-    from once.ledger import Job
-
-    stored = limits.stored_name(name, namespace)
-    limits.schedule(sched.spec, sched.tz_name)
-    limits.job(lag, max_attempts, stale_after, shards)
-    default_owner()
-    return Job(stored, sched.kind, sched.spec, sched.tz_name, lag, max_attempts, stale_after,
-               shards)
 
 
 def open_target(db: str | None, password_file: str | None) -> Any:

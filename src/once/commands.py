@@ -21,7 +21,6 @@ from once.cli import (
     cli,
     clock_option,
     command_argument,
-    core_job,
     kill_after_for,
     kill_after_option,
     ledger_for,
@@ -81,7 +80,8 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
     if not command and not dry_run:
         raise click.UsageError("no command given: once catchup ... -- COMMAND [ARG]...")
     sched = make_schedule(every, cron, tz)
-    the_job = core_job(job, namespace, sched, lag, max_attempts, stale_after, shards)
+    the_job = core.claiming_job(job, namespace, sched, lag, max_attempts, stale_after,
+                                shards)
     grace = kill_after_for(kill_after, stale_after)
     target = open_target(db, db_password_file)
     first = sched.resolve(since) if since else None

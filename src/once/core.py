@@ -76,6 +76,21 @@ def default_owner() -> str:
     return owner(given) if given else f"{os.uname().nodename}:{os.getpid()}"
 
 
+def claiming_job(name: str, namespace: str | None, schedule: Schedule, lag: int,
+                 max_attempts: int, stale_after: float, shards: int = 1) -> Job:
+    """The job a claiming command (or once.claim) works on, every limit checked (once.limits:
+    an InputError) before anything is sent; ONCE_OWNER too, so that a bad one claims
+    nothing."""
+    from once import limits
+
+    stored = limits.stored_name(name, namespace)
+    limits.schedule(schedule.spec, schedule.tz_name)
+    limits.job(lag, max_attempts, stale_after, shards)
+    default_owner()
+    return Job(stored, schedule.kind, schedule.spec, schedule.tz_name, lag, max_attempts,
+               float(stale_after), shards)
+
+
 def say(message: str, settings: Settings | None = None, level: int = NORMAL,
         event: str = "message", json_level: str | None = None) -> None:
     """One `once:` line on stderr (or one JSON object, --log-format json), unless the

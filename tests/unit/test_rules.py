@@ -95,3 +95,17 @@ def test_one_rule_for_a_watermark_set_by_hand_or_left_by_the_command(
 def test_a_statement_takes_a_third_of_stale_after_from_one_to_ten_seconds(
         stale_after: float, timeout: float) -> None:
     assert statement_timeout(stale_after) == timeout
+
+
+def test_the_job_a_claim_works_on_is_checked_once_for_the_cli_and_the_api() -> None:
+    from once.core import claiming_job
+    from once.periods import schedule
+
+    day = schedule("day", None, "UTC")
+    job = claiming_job("j" * 54, "n" * 200, day, 0, 3, 300, shards=2)  # 255: the column's
+    assert (job.name, job.kind, job.schedule, job.shards) == ("n" * 200 + ":" + "j" * 54,
+                                                            "every", "day", 2)
+    for bad in (("j" * 55, "n" * 200, 0, 3), ("ok", None, -1, 3), ("ok", None, 0, 0)):
+        name, namespace, lag, attempts = bad
+        with pytest.raises(InputError):
+            claiming_job(name, namespace, day, lag, attempts, 300)
