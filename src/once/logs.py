@@ -8,7 +8,8 @@ once.relay). This prints one attempt's: the latest of the job (or of --period), 
         2026-11-29T02:00:13+01:00 after 12.3s <==      (one line)
 
 and then the output as stored, its control characters escaped (once.escape.shown_lines)
-but for line breaks and tabs. A report: SQLAlchemy Core, one snapshot, nothing written.
+but for line breaks and tabs. A report: once.ledger.queries' reads, one snapshot, nothing
+written.
 """
 
 from __future__ import annotations
@@ -17,14 +18,11 @@ import json
 import sys
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection
 
 from once import report
 from once.escape import shown, shown_lines
-from once.ledger import Target
-from once.ledger import schema as tables
-
-attempts = tables.attempts
+from once.ledger import Target, queries
 
 
 def logs(target: Target, stored_job: str, period: str | None = None,
@@ -85,29 +83,18 @@ def _entry(conn: Connection, target: Target, job: str, period: str | None,
            attempt: int | None) -> tuple[dict[str, Any] | None, str | None] | None:
     """(the attempt as `once history --json` shows it, its output); None for an unknown job,
     (None, None) when no attempt matches."""
-    job_rows = report.select_jobs(conn, [job], None)
+    job_rows = queries.job_rows(conn, [job], None)
     if not job_rows:
         return None
-    newest_first = (attempts.c.started_at.desc(), attempts.c.attempt.desc())
     if period is None and attempt is not None:  # that attempt of the latest attempt's period
-        period = conn.execute(select(attempts.c.period).where(*_runs_of(job))
-                              .order_by(*newest_first).limit(1)).scalar()
+        period = queries.latest_attempt_period(conn, job)
         if period is None:
             return None, None
-    query = select(*report.attempt_columns(conn), attempts.c.output).where(*_runs_of(job))
-    if period is not None:
-        query = query.where(attempts.c.period == period)
-    if attempt is not None:
-        query = query.where(attempts.c.attempt == attempt)
-    row = conn.execute(query.order_by(*newest_first).limit(1)).first()
-    if row is None:
+    found = queries.attempt_rows(conn, job, 1, period, attempt, output=True, runs_only=True)
+    if not found:
         return None, None
+    row = found[0]
     holder = report.holders(conn, job, {row.period}).get(row.period)
     tz = report.job_zone(job_rows[0].tz)
-    entry = report.attempt_entry(row, holder, report.db_now(conn, target), tz)
+    entry = report.attempt_entry(row, holder, queries.db_now(conn, target), tz)
     return entry, row.output
-
-
-def _runs_of(job: str) -> tuple[Any, ...]:
-    """The job's attempts, not its `once state --set` records."""
-    return attempts.c.job == job, attempts.c.period != report.STATE_PERIOD

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, create_engine, event, select, text
+from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from once import report
-from once.ledger import LedgerError, Target, describe
+from once.ledger import LedgerError, Target, describe, queries
 from once.ledger import schema as tables
 from once.periods import Period
 
@@ -97,7 +97,7 @@ def read_job(target: Target, name: str, timeout: float, limit: int = 100) -> Job
 def ping(target: Target, timeout: float) -> None:
     """Raise LedgerError unless the ledger answers a read (an absent ledger answers)."""
     with suppress(NoLedger), read_only(target, timeout) as conn:
-        conn.execute(select(tables.meta.c.value)).all()
+        queries.schema_version(conn)
 
 
 @contextmanager
@@ -115,10 +115,9 @@ def read_only(target: Target, timeout: float) -> Iterator[Connection]:
                     conn = conn.execution_options(isolation_level="REPEATABLE READ",
                                                   postgresql_readonly=True)
                 with conn.begin():
-                    _begin_read_only(conn, target, timeout)
-                    version = conn.execute(select(tables.meta.c.value).where(
-                        tables.meta.c.name == "schema_version")).scalar()
-                    if int(version or 0) < tables.SCHEMA_VERSION:
+                    queries.begin_read_only(conn, target, timeout)
+                    version = queries.schema_version(conn)
+                    if version < tables.SCHEMA_VERSION:
                         raise LedgerError(
                             f"the ledger {target.redacted} has schema version {version}, "
                             f"older than this once's {tables.SCHEMA_VERSION}: the next once "
@@ -127,7 +126,7 @@ def read_only(target: Target, timeout: float) -> Iterator[Connection]:
             finally:
                 watchdog.cancel()  # before the socket is closed and its number reused
     except SQLAlchemyError as exc:
-        if report.is_missing_table(exc):
+        if queries.is_missing_table(target, exc):
             raise NoLedger from None
         why = (f"no answer within {timeout:g}s" if watchdog.fired
                else describe(getattr(exc, "orig", None) or exc))
@@ -158,15 +157,6 @@ def _engine(target: Target, timeout: float) -> Any:
     else:
         args.update(connect_timeout=whole, read_timeout=whole, write_timeout=whole)
     return create_engine(target.sqlalchemy_url, poolclass=NullPool, connect_args=args)
-
-
-def _begin_read_only(conn: Connection, target: Target, timeout: float) -> None:
-    """Make this transaction read-only (SQLite: the connection is) and bound each statement
-    on the server; per transaction, as PgBouncer keeps no session state between them."""
-    if target.dialect == "postgresql":  # READ ONLY: the postgresql_readonly option
-        conn.execute(text(f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}"))
-    elif target.dialect == "mysql":  # the driver's read timeout bounds each statement
-        conn.exec_driver_sql("START TRANSACTION READ ONLY")
 
 
 class _Watchdog:

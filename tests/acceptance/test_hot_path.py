@@ -13,8 +13,9 @@ from helpers import run_once
 
 # What only reports, table creation and the other commands need.
 FORBIDDEN = ("sqlalchemy", "rich", "once.report", "once.commands", "once.gaps",
-             "once.timeline", "once.ledger.schema", "once.ledger.prune", "once.progress",
-             "once._docs", "once.serve", "once.serve_data", "once.serve_pages", "http.server")
+             "once.timeline", "once.ledger.schema", "once.ledger.prune", "once.ledger.queries",
+             "once.progress", "once._docs", "once.serve", "once.serve_data", "once.serve_pages",
+             "http.server")
 
 # Runs once's entry point like the installed script, and writes the modules it loaded.
 _PROBE = ("import atexit, sys\n"

@@ -11,9 +11,11 @@ the URL names (sqlite, postgres or mysql), which loads its driver when it connec
     sqlite, postgres, mysql   one dialect each, importing only its own driver
     schema    the tables in SQLAlchemy Core, their DDL and upgrades (never on the hot path)
     prune     `once prune` (SQLAlchemy, never on the hot path)
+    queries   the reads of the reports and `once serve`, by name (SQLAlchemy, never on the
+              hot path), and their one missing-table rule
 
 Callers import the public names from here (`from once.ledger import Target, open_ledger`);
-schema and prune are imported as modules, where they are needed.
+schema, prune and queries are imported as modules, where they are needed.
 """
 
 from __future__ import annotations

@@ -43,10 +43,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 
-from once.ledger import LedgerError, Target, describe, from_db_time
+from once.ledger import LedgerError, Target, describe, from_db_time, queries
+from once.ledger.queries import bind
 from once.ledger.schema import attempts, engine, jobs, runs
 
-STATE_ROWS = "(state)"  # once_attempts' record of `once state --set`: no run row of its own
+# once_attempts' record of `once state --set`: no run row of its own
+STATE_ROWS = queries.STATE_PERIOD
 
 
 @dataclass
@@ -114,8 +116,8 @@ def _needed(conn: Connection, target: Target) -> tuple[dict[str, datetime],
         if job in keep:
             keep[job] = min(keep[job], from_db_time(oldest))
     gap: dict[str, datetime] = {}
-    states = report.survey(conn, target, report.select_jobs(conn, list(keep), None),
-                           report.db_now(conn, target))
+    states = report.survey(conn, target, queries.job_rows(conn, list(keep), None),
+                           queries.db_now(conn, target))
     for s in states:
         if s.no_row_listed:
             gap[s.name] = s.no_row_listed[0][0]
@@ -126,8 +128,6 @@ def _needed(conn: Connection, target: Target) -> tuple[dict[str, datetime],
 def _run_row_goes(target: Target, job: str, keep_from: datetime | None,
                   cut: datetime) -> ColumnElement[bool]:
     """What _prune_runs deletes of a job, as one condition on a once_runs row."""
-    from once.report import bind
-
     if keep_from is None:  # no done row: nothing goes
         return false()
     return and_(runs.c.job == job, runs.c.status == "done", runs.c.finished_at < cut,
@@ -158,8 +158,6 @@ def _prune_attempts(conn: Connection, job: str, goes: ColumnElement[bool], cut: 
 
 def _move_expected_ranges(conn: Connection, target: Target,
                           gap: dict[str, datetime]) -> None:
-    from once.report import bind
-
     for job, oldest in conn.execute(select(runs.c.job, func.min(runs.c.period_start))
                                     .group_by(runs.c.job)):
         start = bind(target, min(from_db_time(oldest), gap.get(job, from_db_time(oldest))))

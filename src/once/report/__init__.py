@@ -1,9 +1,10 @@
 """Reports on the ledger: `once status`, `once history`, `once check` and `once metrics`.
 
 Only the reports import SQLAlchemy and rich (`once run` never pays for them). They read the
-ledger with SQLAlchemy Core over the tables of `once.ledger.schema`, in one snapshot, and change
-nothing (except that a ledger whose schema is older than this once's is upgraded first, as
-the next `once run` would do; an absent ledger is reported empty, never created).
+ledger through the named statements of once.ledger.queries (they build none), in one
+snapshot, and change nothing (except that a ledger whose schema is older than this once's is
+upgraded first, as the next `once run` would do; an absent ledger is reported empty, never
+created).
 
 What the reports call a job's periods, for a job with lag L and a check with --grace G:
 
@@ -26,7 +27,7 @@ missing periods.
 The parts, each importing only those above it:
 
 * model: RunRow, JobState, AttemptCounts and the pure rules over them (no database);
-* snapshot: the read-only engine, one consistent transaction, the database's clock;
+* snapshot: the read-only engine and one consistent transaction;
 * survey, attempts: the reads (jobs' states and gaps, timelines; attempts, holders, counts);
 * render: durations in words, table cells, plain and rich tables, `status --json` objects;
 * check: `once check`'s findings; metrics: `once metrics`' exposition (both pure);
@@ -35,19 +36,12 @@ The parts, each importing only those above it:
 once.gaps (the gap finder) stays outside: `once run --catchup` imports it, never this package.
 """
 
-from once.report.attempts import (
-    attempt_columns,
-    attempt_counts,
-    attempt_entries,
-    holders,
-    job_zone,
-)
+from once.report.attempts import attempt_counts, attempt_entries, holders, job_zone
 from once.report.check import CRITICAL, OK, SEVERITY, UNKNOWN, WARNING, Finding, findings
 from once.report.commands import check, history, metrics, metrics_text, status
 from once.report.metrics import exposition
 from once.report.model import (
     LIST_LIMIT,
-    STATE_PERIOD,
     AttemptCounts,
     JobState,
     RunRow,
@@ -65,15 +59,14 @@ from once.report.render import (
     took,
     write_line,
 )
-from once.report.snapshot import NoLedger, bind, db_now, is_missing_table, reading
-from once.report.survey import select_jobs, survey, survey_jobs, timeline_cells
+from once.report.snapshot import NoLedger, reading
+from once.report.survey import survey, survey_jobs, timeline_cells
 
 __all__ = [
-    "CRITICAL", "LIST_LIMIT", "OK", "SEVERITY", "STATE_PERIOD", "UNKNOWN", "WARNING",
-    "AttemptCounts", "Finding", "JobState", "NoLedger", "RunRow", "age", "attempt_columns",
-    "attempt_counts", "attempt_entries", "attempt_entry", "bind", "check", "db_now",
-    "exposition", "findings", "history", "holders", "is_missing_table", "job_zone",
-    "last_line", "metrics", "metrics_text", "plain_table", "reading", "say", "select_jobs",
-    "status", "status_cells", "status_object", "status_objects", "status_word", "survey",
-    "survey_jobs", "timeline_cells", "took", "write_line",
+    "CRITICAL", "LIST_LIMIT", "OK", "SEVERITY", "UNKNOWN", "WARNING", "AttemptCounts",
+    "Finding", "JobState", "NoLedger", "RunRow", "age", "attempt_counts", "attempt_entries",
+    "attempt_entry", "check", "exposition", "findings", "history", "holders", "job_zone",
+    "last_line", "metrics", "metrics_text", "plain_table", "reading", "say", "status",
+    "status_cells", "status_object", "status_objects", "status_word", "survey", "survey_jobs",
+    "timeline_cells", "took", "write_line",
 ]

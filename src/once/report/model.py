@@ -2,8 +2,8 @@
 pure rules that read them: which rows are due, stale or failed out, a timeline cell's state, an
 attempt's history entry, an output's last line.
 
-No database and no output here: the standard library and once.periods only, so that the rules
-can be tested without a ledger.
+No database and no output here: the standard library, once.periods and once.ledger's
+from_db_time only, so that the rules can be tested without a ledger.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from once.ledger import from_db_time
 from once.periods import Period, Schedule, iso, utc_instant
 
 LIST_LIMIT = 10  # findings (missing keys, failed periods) listed one by one per job and kind
-
-STATE_PERIOD = "(state)"  # the history's rows of `once state --set`: no attempt, no fire
 
 NEVER = datetime.min.replace(tzinfo=UTC)
 

@@ -1,5 +1,5 @@
-"""Reading one snapshot of the ledger: the reports' engine, their read-only connection in one
-consistent transaction, and the database's clock.
+"""Reading one snapshot of the ledger: the reports' engine and their read-only connection in
+one consistent transaction (the statements themselves are once.ledger.queries').
 
 An absent ledger (no SQLite file, no tables) is NoLedger, never created; a ledger whose schema
 is older than this once's is upgraded first, as the next `once run` would do.
@@ -10,14 +10,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, func, select
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
-from once.ledger import LedgerError, Target, describe, from_db_time
+from once.ledger import LedgerError, Target, describe, queries
 from once.ledger import schema as tables
 
 
@@ -62,7 +61,7 @@ def _sqlite_read_only(path: str) -> Any:
     uri = "file:" + quote(os.path.abspath(path)) + "?mode=ro"
     conn = sqlite3.connect(uri, uri=True, timeout=30, check_same_thread=False)
     try:
-        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        queries.probe_sqlite(conn)
         return conn
     except sqlite3.OperationalError:
         conn.close()
@@ -89,9 +88,7 @@ def reading(target: Target) -> Iterator[Connection]:
                 if target.dialect != "sqlite":
                     conn = conn.execution_options(isolation_level="REPEATABLE READ")
                 with conn.begin():
-                    version = conn.execute(select(tables.meta.c.value).where(
-                        tables.meta.c.name == "schema_version")).scalar()
-                    if tries == 2 or int(version or 0) >= tables.SCHEMA_VERSION:
+                    if tries == 2 or queries.schema_version(conn) >= tables.SCHEMA_VERSION:
                         yielded = True
                         yield conn
                         return
@@ -101,7 +98,7 @@ def reading(target: Target) -> Iterator[Connection]:
             raise
         raise LedgerError(f"cannot read the ledger {target.redacted}: {describe(exc)}") from exc
     except SQLAlchemyError as exc:
-        if is_missing_table(exc):
+        if queries.is_missing_table(target, exc):
             raise NoLedger from None
         raise LedgerError(
             f"cannot read the ledger {target.redacted}: {describe(exc.orig or exc)}"
@@ -110,29 +107,3 @@ def reading(target: Target) -> Iterator[Connection]:
     finally:
         eng.dispose()
 
-
-def is_missing_table(exc: SQLAlchemyError) -> bool:
-    """The statement failed because the ledger's tables do not exist (nothing has run)."""
-    orig = getattr(exc, "orig", None)
-    if getattr(orig, "sqlstate", None) == "42P01":  # PostgreSQL: undefined table
-        return True
-    args = getattr(orig, "args", ())
-    if args and args[0] == 1146:  # MySQL: no such table
-        return True
-    return "no such table" in str(orig)
-
-
-def bind(target: Target, instant: datetime) -> datetime:
-    """An instant as the dialect's column type wants it bound: UTC, naive outside PostgreSQL."""
-    at = instant.astimezone(UTC)
-    return at if target.dialect == "postgresql" else at.replace(tzinfo=None)
-
-
-def db_now(conn: Connection, target: Target) -> datetime:
-    """The database's clock, which wrote every heartbeat."""
-    if target.dialect == "sqlite":
-        text = conn.execute(select(func.strftime("%Y-%m-%d %H:%M:%f", "now"))).scalar_one()
-        return datetime.fromisoformat(str(text)).replace(tzinfo=UTC)
-    expr = func.clock_timestamp() if target.dialect == "postgresql" else func.utc_timestamp(6)
-    value = conn.execute(select(expr)).scalar_one()
-    return from_db_time(value)

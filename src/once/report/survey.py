@@ -1,7 +1,6 @@
 """Every job's state in one snapshot: its due range, the counts of its done rows, its open
 rows, its latest done row, the last lines of its failures, its missing periods, and the rows
-of its timeline (SQLAlchemy Core over once.ledger.schema's tables, on a connection of
-once.report.snapshot).
+of its timeline, read through once.ledger.queries on a connection of once.report.snapshot.
 
 Scale: the number of due periods is counted arithmetically (once.gaps) and compared with one
 COUNT of done rows over an index range per job (index once_runs_job_status_start); only a job
@@ -16,28 +15,15 @@ walked up to WALK_LIMIT.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
-from functools import cache
 from itertools import islice
 from typing import Any
 
-from sqlalchemy import (
-    Connection,
-    and_,
-    bindparam,
-    func,
-    literal_column,
-    or_,
-    select,
-    text,
-    union_all,
-)
-from sqlalchemy.sql import Executable
+from sqlalchemy import Connection
 
-from once import gaps
-from once.ledger import Target, from_db_time
-from once.ledger import schema as tables
+from once import gaps, stored
+from once.ledger import Target, from_db_time, queries
 from once.periods import Period, SpecError, utc_instant
 from once.report.model import (
     LIST_LIMIT,
@@ -50,46 +36,15 @@ from once.report.model import (
     last_line,
     period_state,
 )
-from once.report.snapshot import bind, db_now
-from once.stored import job_schedule, period_key
 
 WALK_LIMIT = 100_000  # missing units walked per job to count the gaps of a cron job
-CHUNK = 200  # jobs per statement (SQLite allows 500 terms in a compound SELECT)
-
-runs, attempts, jobs = tables.runs, tables.attempts, tables.jobs
-
-RUN_COLUMNS = (runs.c.job, runs.c.period, runs.c.status, runs.c.attempt, runs.c.fence,
-               runs.c.owner, runs.c.period_start, runs.c.period_end, runs.c.started_at,
-               runs.c.heartbeat_at, runs.c.finished_at, runs.c.exit_code,
-               runs.c.stale_after)
-
-
-def select_jobs(conn: Connection, names: Sequence[str] | None,
-                namespace: str | None) -> list[Any]:
-    """The once_jobs rows of the named jobs (all of them, or those of a namespace), by name."""
-    query = select(jobs.c.job, jobs.c.kind, jobs.c.schedule, jobs.c.tz, jobs.c.lag,
-                   jobs.c.max_attempts, jobs.c.stale_after, jobs.c.fires,
-                   jobs.c.first_period_start, jobs.c.shards)
-    if names:
-        found: list[Any] = []
-        for chunk in chunks(list(names), 500):
-            found += conn.execute(query.where(jobs.c.job.in_(chunk))).all()
-        return sorted(found, key=lambda r: r.job)
-    if namespace:
-        query = query.where(jobs.c.job.startswith(namespace + ":", autoescape=True))
-    return sorted(conn.execute(query).all(), key=lambda r: r.job)
-
-
-def chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
 
 
 def survey_jobs(conn: Connection, target: Target, names: Sequence[str] | None,
                 namespace: str | None, grace: float = 0.0) -> tuple[list[JobState], datetime]:
     """The named jobs (all of them, or those of a namespace) at the database's now."""
-    now = db_now(conn, target)
-    return survey(conn, target, select_jobs(conn, names, namespace), now, grace), now
+    now = queries.db_now(conn, target)
+    return survey(conn, target, queries.job_rows(conn, names, namespace), now, grace), now
 
 
 def survey(conn: Connection, target: Target, job_rows: Sequence[Any], now: datetime,
@@ -98,8 +53,11 @@ def survey(conn: Connection, target: Target, job_rows: Sequence[Any], now: datet
     states = [_plan(row, now, grace) for row in job_rows]
     ready = [s for s in states if s.sched is not None]
     _count_done(conn, target, ready)
-    _read_open_rows(conn, ready)
-    _read_last_done(conn, ready)
+    by_name = {s.name: s for s in ready}
+    for row in queries.open_rows(conn, list(by_name)):
+        by_name[row.job].open_rows.append(RunRow.of(row))
+    for row in queries.last_done_rows(conn, list(by_name)):
+        by_name[row.job].last_done = RunRow.of(row)
     _read_failure_lines(conn, ready)
     for state in ready:
         _locate_missing(conn, target, state)
@@ -112,7 +70,7 @@ def _plan(row: Any, now: datetime, grace: float) -> JobState:
                      float(row.stale_after), row.fires, from_db_time(row.first_period_start), now,
                      max(1, int(row.shards or 1)))
     try:
-        sched = job_schedule(row.kind, row.schedule, row.tz)
+        sched = stored.job_schedule(row.kind, row.schedule, row.tz)
         state.sched = sched
         state.first = sched.containing(state.first_period_start)
         running_now = sched.containing(now)
@@ -131,85 +89,24 @@ def _plan(row: Any, now: datetime, grace: float) -> JobState:
 
 
 def _count_done(conn: Connection, target: Target, states: list[JobState]) -> None:
-    """done rows in each job's due range: one COUNT over an index range per job, CHUNK jobs
-    per statement."""
-    due = [s for s in states if s.due_last is not None and s.first is not None]
-    for chunk in chunks(due, CHUNK):
-        params: dict[str, Any] = {}
-        for i, s in enumerate(chunk):
-            assert s.first is not None and s.due_last is not None
-            params[f"j{i}"] = s.name
-            params[f"a{i}"] = bind(target, s.first.start)
-            params[f"b{i}"] = bind(target, s.due_last.end)
-        for i, n in conn.execute(_done_counts(len(chunk)), params).all():
-            chunk[int(i)].done_due = int(n)
-
-
-@cache
-def _done_counts(size: int) -> Executable:
-    """done rows of job j_i in [a_i, b_i) for i < size: text, not a Core construct, since a
-    compound SELECT of CHUNK terms took SQLAlchemy a tenth of a second to compile, in every
-    report (a new process each time)."""
-    when = runs.c.period_start.type
-    sql = " UNION ALL ".join(
-        f"SELECT {i} AS i, count(*) AS n FROM once_runs WHERE job = :j{i} AND status = 'done'"
-        f" AND period_start >= :a{i} AND period_start < :b{i}" for i in range(size))
-    return text(sql).bindparams(*(bindparam(f"{edge}{i}", type_=when)
-                                  for i in range(size) for edge in "ab"))
-
-
-def _read_open_rows(conn: Connection, states: list[JobState]) -> None:
-    """The running and failed rows of the jobs (index once_runs_job_status)."""
-    by_name = {s.name: s for s in states}
-    for chunk in chunks(list(by_name), 500):
-        query = select(*RUN_COLUMNS).where(runs.c.job.in_(chunk),
-                                           runs.c.status.in_(("running", "failed")))
-        for row in conn.execute(query.order_by(runs.c.job, runs.c.period_start)):
-            by_name[row.job].open_rows.append(RunRow.of(row))
-
-
-def _read_last_done(conn: Connection, states: list[JobState]) -> None:
-    """Each job's latest done period (by period start): one index seek per job."""
-    by_name = {s.name: s for s in states}
-    latest = runs.alias("latest")
-    newest = (select(func.max(latest.c.period_start))
-              .where(latest.c.job == jobs.c.job, latest.c.status == "done")
-              .scalar_subquery())
-    for chunk in chunks(list(by_name), 500):
-        query = (select(*RUN_COLUMNS)
-                 .select_from(jobs.join(runs, and_(runs.c.job == jobs.c.job,
-                                                   runs.c.status == "done",
-                                                   runs.c.period_start == newest)))
-                 .where(jobs.c.job.in_(chunk)))
-        for row in conn.execute(query):
-            by_name[row.job].last_done = RunRow.of(row)
+    """done rows in each job's due range (one COUNT over an index range per job)."""
+    due: list[JobState] = []
+    ranges: list[tuple[str, datetime, datetime]] = []
+    for s in states:
+        if s.due_last is not None and s.first is not None:
+            due.append(s)
+            ranges.append((s.name, s.first.start, s.due_last.end))
+    for s, n in zip(due, queries.done_counts(conn, target, ranges), strict=True):
+        s.done_due = n
 
 
 def _read_failure_lines(conn: Connection, states: list[JobState]) -> None:
     """The last line of output of each failed row listed: the end of its attempt's stored
     output (primary-key lookups, only where a job has failed rows)."""
-    wanted = [(s, r) for s in states for r in s.listed_failures]
-    by_key = {(s.name, r.period, r.attempt): s for s, r in wanted}
-    for chunk in chunks(list(by_key), 100):
-        match = or_(*(and_(attempts.c.job == job, attempts.c.period == period,
-                           attempts.c.attempt == attempt) for job, period, attempt in chunk))
-        query = select(attempts.c.job, attempts.c.period, attempts.c.attempt,
-                       output_end(conn).label("output_end")).where(match)
-        for row in conn.execute(query):
-            state = by_key[(row.job, row.period, row.attempt)]
-            state.failure_lines[row.period] = last_line(row.output_end)
-
-
-# How much of the end of a stored output the reports read to find its last line.
-LAST_LINE_SCAN = 2000
-
-
-def output_end(conn: Connection) -> Any:
-    """SQL for the last LAST_LINE_SCAN characters of once_attempts.output (up to 1 MiB: the
-    reports never fetch it whole)."""
-    if conn.dialect.name == "sqlite":
-        return func.substr(attempts.c.output, -LAST_LINE_SCAN)
-    return func.right(attempts.c.output, LAST_LINE_SCAN)
+    by_key = {(s.name, r.period, r.attempt): s for s in states for r in s.listed_failures}
+    for row in queries.failure_output_ends(conn, list(by_key)):
+        state = by_key[(row.job, row.period, row.attempt)]
+        state.failure_lines[row.period] = last_line(row.output_end)
 
 
 def _locate_missing(conn: Connection, target: Target, s: JobState) -> None:
@@ -252,66 +149,25 @@ def _walk_missing(s: JobState, finder: gaps.GapFinder, lo: datetime, hi: datetim
     s.no_row_listed = listed
 
 
-@cache
-def _split_counts() -> Executable:
-    """Done rows of job in [a0, b0), ..., [a7, b7): one statement, built and compiled once."""
-    when = runs.c.period_start.type
-    return union_all(*[
-        select(literal_column(str(i)).label("i"), func.count().label("n")).where(
-            runs.c.job == bindparam("job"), runs.c.status == "done",
-            runs.c.period_start >= bindparam(f"a{i}", type_=when),
-            runs.c.period_start < bindparam(f"b{i}", type_=when))
-        for i in range(gaps.SPLIT)])
-
-
 class _Rows:
-    """once.gaps.Rows for the reports: SQLAlchemy Core, inside the report's snapshot."""
+    """once.gaps.Rows for the reports: once.ledger.queries, inside the report's snapshot."""
 
     def __init__(self, conn: Connection, target: Target, job: str) -> None:
         self.conn, self.target, self.job = conn, target, job
 
     def done_counts(self, stretches: Sequence[tuple[datetime, datetime]]) -> list[int]:
-        params: dict[str, Any] = {"job": self.job}
-        for i in range(gaps.SPLIT):
-            a, b = stretches[i] if i < len(stretches) else (NEVER, NEVER)
-            params[f"a{i}"], params[f"b{i}"] = bind(self.target, a), bind(self.target, b)
-        done: dict[Any, Any] = dict(self.conn.execute(_split_counts(), params).all())
-        return [int(done.get(i, 0)) for i in range(len(stretches))]
+        return queries.split_done_counts(self.conn, self.target, self.job, stretches)
 
     def keys_at(self, starts: Sequence[datetime]) -> dict[datetime, set[str]]:
-        found: dict[datetime, set[str]] = {}
-        for chunk in chunks([bind(self.target, x) for x in starts], 500):
-            keys = select(runs.c.period_start, runs.c.period).where(
-                runs.c.job == self.job, runs.c.period_start.in_(chunk))
-            for at, key in self.conn.execute(keys):
-                found.setdefault(from_db_time(at), set()).add(key)
-        return found
+        return queries.keys_at(self.conn, self.target, self.job, starts)
 
     def done_breaks(self, lo: datetime,
                     hi: datetime) -> tuple[datetime | None, list[tuple[datetime, datetime | None]]]:
-        in_range = and_(runs.c.job == self.job, runs.c.status == "done",
-                        runs.c.period_start >= bind(self.target, lo),
-                        runs.c.period_start < bind(self.target, hi))
-        following = func.lead(runs.c.period_start, type_=runs.c.period_start.type).over(
-            order_by=runs.c.period_start)
-        rows = (select(runs.c.period_start.label("s"), runs.c.period_end.label("e"),
-                       following.label("f"))
-                .where(in_range).subquery())
-        query = (select(rows.c.e, rows.c.f)
-                 .where(or_(rows.c.f.is_(None), rows.c.f > rows.c.e))
-                 .order_by(rows.c.s))
-        first = self.conn.execute(select(func.min(runs.c.period_start)).where(in_range)).scalar()
-        return (None if first is None else from_db_time(first),
-                [(from_db_time(e), None if f is None else from_db_time(f))
-                 for e, f in self.conn.execute(query)])
+        return queries.done_breaks(self.conn, self.target, self.job, lo, hi)
 
     def short_starts(self, lo: datetime, hi: datetime, shards: int,
                      limit: int) -> list[datetime]:
-        short = (select(runs.c.period_start)
-                 .where(runs.c.job == self.job, runs.c.period_start >= bind(self.target, lo),
-                        runs.c.period_start < bind(self.target, hi))
-                 .group_by(runs.c.period_start).having(func.count() < shards))
-        return [from_db_time(x) for x in self.conn.execute(short.limit(limit)).scalars()]
+        return queries.short_starts(self.conn, self.target, self.job, lo, hi, shards, limit)
 
 
 def timeline_cells(conn: Connection, target: Target, s: JobState,
@@ -327,12 +183,7 @@ def timeline_cells(conn: Connection, target: Target, s: JobState,
     while len(periods) < count and utc_instant(periods[-1].start) > first:
         periods.append(s.sched.previous(periods[-1]))  # not before the job's first period
     periods.reverse()
-    query = select(runs.c.period, runs.c.status, runs.c.heartbeat_at,
-                   runs.c.stale_after).where(
-        runs.c.job == s.name,
-        runs.c.period_start >= bind(target, periods[0].start),
-        runs.c.period_start < bind(target, periods[-1].end))
     rows: dict[str, list[Any]] = {}
-    for row in conn.execute(query):
-        rows.setdefault(period_key(row.period), []).append(row)
+    for row in queries.timeline_rows(conn, target, s.name, periods[0].start, periods[-1].end):
+        rows.setdefault(stored.period_key(row.period), []).append(row)
     return [(p, period_state(s, p, rows.get(p.key, []))) for p in periods]
