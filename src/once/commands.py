@@ -318,10 +318,11 @@ def prune(db: str | None, db_password_file: str | None, namespace: str | None,
     done row, never a done row after the job's oldest gap (catch-up and check count them).
     Every attempt of a deleted row goes with it. Lists jobs idle for longer than
     --older-than."""
+    from once import report
     from once.ledger import prune as pruning
 
     target = open_target(db, db_password_file)
-    pruned = pruning.prune(target, older_than, dry_run)
+    pruned = pruning.prune(target, older_than, report.oldest_gaps, dry_run)
     if pruned.no_tables:
         click.echo(f"once: no ledger tables in {target.redacted} (nothing has run there): "
                    f"nothing to prune", err=True)

@@ -14,22 +14,21 @@ The data come from once.report's functions, so that the pages say what the comma
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Connection, create_engine, event
+from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.pool import NullPool
 
 from once import report
 from once.ledger import LedgerError, Target, describe, queries
 from once.ledger import schema as tables
+from once.ledger.engines import serve_engine
 from once.periods import Period
 
 STRIP = 30  # periods in each job's strip on the overview
@@ -105,7 +104,7 @@ def read_only(target: Target, timeout: float) -> Iterator[Connection]:
     """One read-only snapshot, given up on within about `timeout` seconds (LedgerError)."""
     if target.dialect == "sqlite" and not os.path.exists(target.path):
         raise NoLedger  # connecting would create an empty file
-    eng = _engine(target, timeout)
+    eng = serve_engine(target, timeout)
     watchdog = _Watchdog(timeout)
     try:
         with eng.connect() as conn:
@@ -133,30 +132,6 @@ def read_only(target: Target, timeout: float) -> Iterator[Connection]:
         raise LedgerError(f"cannot read the ledger {target.redacted}: {why}") from exc
     finally:
         eng.dispose()
-
-
-def _engine(target: Target, timeout: float) -> Any:
-    whole = max(1, math.ceil(timeout))
-    if target.dialect == "sqlite":
-        eng = create_engine(target.sqlalchemy_url, poolclass=NullPool,
-                            connect_args={"timeout": timeout})
-
-        @event.listens_for(eng, "connect")
-        def _manual(dbapi_conn: Any, _record: Any) -> None:
-            dbapi_conn.isolation_level = None
-            dbapi_conn.execute("PRAGMA query_only = ON")
-
-        @event.listens_for(eng, "begin")
-        def _snapshot(conn: Connection) -> None:
-            conn.exec_driver_sql("BEGIN")  # WAL: a consistent snapshot for every read
-
-        return eng
-    args: dict[str, Any] = {**cast(dict[str, Any], tables._engine_args(target)["connect_args"])}
-    if target.dialect == "postgresql":
-        args["connect_timeout"] = whole
-    else:
-        args.update(connect_timeout=whole, read_timeout=whole, write_timeout=whole)
-    return create_engine(target.sqlalchemy_url, poolclass=NullPool, connect_args=args)
 
 
 class _Watchdog:

@@ -14,6 +14,7 @@ from helpers import run_once
 # What only reports, table creation and the other commands need.
 FORBIDDEN = ("sqlalchemy", "rich", "once.report", "once.commands", "once.gaps",
              "once.timeline", "once.ledger.schema", "once.ledger.prune", "once.ledger.queries",
+             "once.ledger.engines", "once.logs",
              "once.progress", "once._docs", "once.serve", "once.serve_data", "once.serve_pages",
              "http.server")
 

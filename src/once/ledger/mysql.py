@@ -201,24 +201,25 @@ class MysqlLedger(Ledger):
 
     def _finish(self, params: dict[str, Any]) -> bool:
         with self._transaction() as cur:
-            if cur.execute(self.FINISH_RUN, params) != 1:
-                return False
-            cur.execute(self.FINISH_ATTEMPT, params)
-            return True
+            return self._finish_rows(cur, params)
 
     def _finish_with_state(self, params: dict[str, Any]) -> bool:
         with self._transaction() as cur:
             cur.execute(self.LOCK_STATE, params)
             row = cur.fetchone()
-            if (row is None or row[1] != params["state_version"]
-                    or cur.execute(self.FINISH_RUN, params) != 1):
+            if row is None or row[1] != params["state_version"]:
                 return False
-            cur.execute(self.FINISH_ATTEMPT, params)
+            if not self._finish_rows(cur, params):
+                return False
             cur.execute(self.ADVANCE_STATE, params)
             return True
 
     def _finish_on(self, connection: Any, params: dict[str, Any]) -> bool:
-        cur = connection.cursor()
+        return self._finish_rows(connection.cursor(), params)
+
+    def _finish_rows(self, cur: Any, params: dict[str, Any]) -> bool:
+        """The run row's fenced finish, then its attempt's: False when the run row is no
+        longer this attempt's (nothing written)."""
         if cur.execute(self.FINISH_RUN, params) != 1:
             return False
         cur.execute(self.FINISH_ATTEMPT, params)

@@ -17,13 +17,15 @@ starts again at attempt 1 and would collide with any attempt row left behind. A 
 without tables (or a SQLite file that does not exist) has nothing to prune and is not
 created; a ledger that cannot be reached is a LedgerError (exit 75).
 
-Imports SQLAlchemy and once.ledger.schema (never on the hot path), and once.report's survey,
-which finds the gaps a prune must keep.
+Imports SQLAlchemy and once.ledger.schema (never on the hot path). Which periods are gaps is
+the reports' rule, not the ledger's: the caller hands it in (`oldest_gaps`, in `once prune`
+once.report.oldest_gaps), so that the ledger package never imports the reports.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -50,6 +52,10 @@ from once.ledger.schema import attempts, engine, jobs, runs
 # once_attempts' record of `once state --set`: no run row of its own
 STATE_ROWS = queries.STATE_PERIOD
 
+# (connection, ledger, job names) -> per job with a due period without a row, where the oldest
+# such period starts
+OldestGaps = Callable[[Connection, Target, list[str]], dict[str, datetime]]
+
 
 @dataclass
 class Pruned:
@@ -59,7 +65,7 @@ class Pruned:
     no_tables: bool = False  # nothing has run in this ledger: nothing to prune
 
 
-def prune(target: Target, older_than: float, dry_run: bool = False,
+def prune(target: Target, older_than: float, oldest_gaps: OldestGaps, dry_run: bool = False,
           now: datetime | None = None) -> Pruned:
     """Delete (or with dry_run, count) what finished more than older_than seconds ago."""
     cut = (now or datetime.now(UTC)) - timedelta(seconds=older_than)
@@ -73,7 +79,7 @@ def prune(target: Target, older_than: float, dry_run: bool = False,
                 connected = True
                 if not inspect(conn).has_table(runs.name):
                     return Pruned(no_tables=True)
-                return _prune(conn, target, cut, dry_run)
+                return _prune(conn, target, cut, dry_run, oldest_gaps)
         finally:
             eng.dispose()
     except (OSError, ValueError) as exc:  # the driver's, while connecting (a TLS file, say)
@@ -85,9 +91,10 @@ def prune(target: Target, older_than: float, dry_run: bool = False,
                           f"{describe(getattr(exc, 'orig', None) or exc)}") from exc
 
 
-def _prune(conn: Connection, target: Target, cut: datetime, dry_run: bool) -> Pruned:
+def _prune(conn: Connection, target: Target, cut: datetime, dry_run: bool,
+           oldest_gaps: OldestGaps) -> Pruned:
     result = Pruned(idle_jobs=_idle_jobs(conn, cut))
-    keep, gap = _needed(conn, target)
+    keep, gap = _needed(conn, target, oldest_gaps)
     jobs_with_attempts = set(conn.execute(select(attempts.c.job).distinct()).scalars())
     for job in sorted(set(keep) | jobs_with_attempts):
         goes = _run_row_goes(target, job, keep.get(job), cut)
@@ -99,13 +106,11 @@ def _prune(conn: Connection, target: Target, cut: datetime, dry_run: bool) -> Pr
     return result
 
 
-def _needed(conn: Connection, target: Target) -> tuple[dict[str, datetime],
-                                                        dict[str, datetime]]:
+def _needed(conn: Connection, target: Target,
+            oldest_gaps: OldestGaps) -> tuple[dict[str, datetime], dict[str, datetime]]:
     """Per job that has a done row: the period start from which every row stays (its latest
     done row, its oldest running or failed row, its oldest due period without a row: the
     earliest); and per job with such a gap, where the gap starts."""
-    from once import report
-
     keep: dict[str, datetime] = {}
     for job, latest in conn.execute(select(runs.c.job, func.max(runs.c.period_start))
                                     .where(runs.c.status == "done").group_by(runs.c.job)):
@@ -115,13 +120,9 @@ def _needed(conn: Connection, target: Target) -> tuple[dict[str, datetime],
                                     .group_by(runs.c.job)):
         if job in keep:
             keep[job] = min(keep[job], from_db_time(oldest))
-    gap: dict[str, datetime] = {}
-    states = report.survey(conn, target, queries.job_rows(conn, list(keep), None),
-                           queries.db_now(conn, target))
-    for s in states:
-        if s.no_row_listed:
-            gap[s.name] = s.no_row_listed[0][0]
-            keep[s.name] = min(keep[s.name], gap[s.name])
+    gap = oldest_gaps(conn, target, list(keep))
+    for job, start in gap.items():
+        keep[job] = min(keep[job], start)
     return keep, gap
 
 

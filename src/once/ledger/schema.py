@@ -19,6 +19,7 @@ import logging
 import os
 import re
 from collections.abc import Iterator
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -66,6 +67,13 @@ Key = String(255).with_variant(
 LongText = Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
 
 metadata = MetaData()
+_INNODB: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
+
+
+def _instants(*names: str) -> list[Column[Any]]:
+    """Required UTC-instant columns, in the order named."""
+    return [Column(name, UtcTime, nullable=False) for name in names]
+
 
 runs = Table(
     "once_runs", metadata,
@@ -75,10 +83,7 @@ runs = Table(
     Column("attempt", Integer, nullable=False),
     Column("fence", BigInteger, nullable=False),
     Column("owner", String(255), nullable=False),
-    Column("period_start", UtcTime, nullable=False),
-    Column("period_end", UtcTime, nullable=False),
-    Column("started_at", UtcTime, nullable=False),
-    Column("heartbeat_at", UtcTime, nullable=False),
+    *_instants("period_start", "period_end", "started_at", "heartbeat_at"),
     Column("finished_at", UtcTime, nullable=True),
     Column("exit_code", Integer, nullable=True),
     # The owner's promise: how long (seconds) the attempt that holds the row may go without a
@@ -89,8 +94,7 @@ runs = Table(
     # Reports count each job's done rows in its due range, and find its latest done period,
     # from this index alone (once status / once check over 1M rows).
     Index("once_runs_job_status_start", "job", "status", "period_start"),
-    mysql_engine="InnoDB",
-    mysql_charset="utf8mb4",
+    **_INNODB,
 )
 
 attempts = Table(
@@ -112,8 +116,7 @@ attempts = Table(
     # 1 MiB of bytes, up to three times that in UTF-8: MEDIUMTEXT on MySQL.
     Column("output", LongText, nullable=True),
     Index("once_attempts_job_started", "job", "started_at"),
-    mysql_engine="InnoDB",
-    mysql_charset="utf8mb4",
+    **_INNODB,
 )
 
 jobs = Table(
@@ -127,24 +130,20 @@ jobs = Table(
     Column("lag", Integer, nullable=False),
     Column("max_attempts", Integer, nullable=False),
     Column("stale_after", Float, nullable=False),
-    Column("first_period_start", UtcTime, nullable=False),
-    Column("created_at", UtcTime, nullable=False),
-    Column("last_fire_at", UtcTime, nullable=False),
+    *_instants("first_period_start", "created_at", "last_fire_at"),
     Column("shards", Integer, nullable=False, server_default="1"),
     # The watermark of `--state`: advanced only with a done, fenced finish (compare-and-set
     # on state_version), at most 64 KiB of UTF-8 (MEDIUMTEXT: MySQL's TEXT stops short of it).
     Column("state", LongText, nullable=True),
     Column("state_version", BigInteger, nullable=False, server_default="0"),
-    mysql_engine="InnoDB",
-    mysql_charset="utf8mb4",
+    **_INNODB,
 )
 
 meta = Table(
     "once_meta", metadata,
     Column("name", String(64), primary_key=True),
     Column("value", String(255), nullable=False),
-    mysql_engine="InnoDB",
-    mysql_charset="utf8mb4",
+    **_INNODB,
 )
 
 DIALECTS: dict[str, Dialect] = {
@@ -172,7 +171,7 @@ logging.getLogger("sqlalchemy").addHandler(logging.NullHandler())
 
 def engine(target: Target) -> Engine:
     """A SQLAlchemy engine on the ledger (NullPool: a CLI opens one connection and leaves)."""
-    eng = create_engine(target.sqlalchemy_url, poolclass=NullPool, **_engine_args(target))
+    eng = create_engine(target.sqlalchemy_url, poolclass=NullPool, **engine_args(target))
     if target.dialect == "sqlite":
         # pysqlite would not open a transaction before DDL; take SQLite's write lock up front
         # so that concurrent first uses queue instead of racing.
@@ -187,7 +186,7 @@ def engine(target: Target) -> Engine:
     return eng
 
 
-def _engine_args(target: Target) -> dict[str, object]:
+def engine_args(target: Target) -> dict[str, object]:
     if target.dialect == "sqlite":
         return {"connect_args": {"timeout": 30}}
     if target.dialect == "postgresql":

@@ -24,18 +24,22 @@ from once.ledger.url import create_private, default_url
 # SQLAlchemy stores DateTime on SQLite as text with six fractional digits; 'now' has three.
 _SQLITE_NOW = "(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')"
 
+# A job's row as its first fire writes it (fence 1, one fire) or `once state --set` seeds it
+# before any fire (fence 0, no fire).
+_NEW_JOB = """
+        INSERT INTO once_jobs (job, fence, fires, kind, schedule, tz, lag, max_attempts,
+                               stale_after, shards, first_period_start, created_at,
+                               last_fire_at)
+        VALUES (:job, {fires}, {fires}, :kind, :schedule, :tz, :lag, :max_attempts,
+                :stale_after, :shards, :period_start, {now}, {now})"""
+
 
 class SqliteLedger(Ledger):
     dialect = "sqlite"
     HEARTBEAT_AGE = "(julianday('now') - julianday(heartbeat_at)) * 86400.0"
     _period_locks: _PeriodLocks | None = None
 
-    UPSERT_JOB = f"""
-        INSERT INTO once_jobs (job, fence, fires, kind, schedule, tz, lag, max_attempts,
-                               stale_after, shards, first_period_start, created_at,
-                               last_fire_at)
-        VALUES (:job, 1, 1, :kind, :schedule, :tz, :lag, :max_attempts, :stale_after, :shards,
-                :period_start, {_SQLITE_NOW}, {_SQLITE_NOW})
+    UPSERT_JOB = _NEW_JOB.format(fires=1, now=_SQLITE_NOW) + """
         ON CONFLICT (job) DO UPDATE SET
             fence = fence + 1, fires = fires + 1, kind = excluded.kind,
             schedule = excluded.schedule, tz = excluded.tz, lag = excluded.lag,
@@ -64,9 +68,8 @@ class SqliteLedger(Ledger):
            OR (:rerun AND status IN ('done', 'failed'))
         RETURNING attempt, fence, started_at"""
 
-    HOLDER = """
-        SELECT status, attempt, fence, owner,
-               (julianday('now') - julianday(heartbeat_at)) * 86400.0, stale_after
+    HOLDER = f"""
+        SELECT status, attempt, fence, owner, {HEARTBEAT_AGE}, stale_after
         FROM once_runs WHERE job = :job AND period = :period"""
 
     LAST_COMMAND_LOCKED = """
@@ -83,12 +86,7 @@ class SqliteLedger(Ledger):
                 :command_hash, NULL)"""
 
     # A job seeded by `once state --set` before its first run: fence 0, no fire yet.
-    SEED_JOB = f"""
-        INSERT INTO once_jobs (job, fence, fires, kind, schedule, tz, lag, max_attempts,
-                               stale_after, shards, first_period_start, created_at,
-                               last_fire_at)
-        VALUES (:job, 0, 0, :kind, :schedule, :tz, :lag, :max_attempts, :stale_after, :shards,
-                :period_start, {_SQLITE_NOW}, {_SQLITE_NOW})
+    SEED_JOB = _NEW_JOB.format(fires=0, now=_SQLITE_NOW) + """
         ON CONFLICT (job) DO NOTHING"""
 
     SET_STATE = f"""

@@ -47,6 +47,14 @@ def survey_jobs(conn: Connection, target: Target, names: Sequence[str] | None,
     return survey(conn, target, queries.job_rows(conn, names, namespace), now, grace), now
 
 
+def oldest_gaps(conn: Connection, target: Target, names: list[str]) -> dict[str, datetime]:
+    """Per named job with a due period that has no row: where the oldest such period starts
+    (`once prune` keeps every done row from there on, for the gap finder)."""
+    states = survey(conn, target, queries.job_rows(conn, names, None),
+                    queries.db_now(conn, target))
+    return {s.name: s.no_row_listed[0][0] for s in states if s.no_row_listed}
+
+
 def survey(conn: Connection, target: Target, job_rows: Sequence[Any], now: datetime,
            grace: float = 0.0) -> list[JobState]:
     """Every named job's state at `now`: due range, counts, open rows, missing periods."""

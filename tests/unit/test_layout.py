@@ -1,0 +1,173 @@
+"""The layout's rules (README "Layout"), as a test over the import graph of src/once.
+
+Read from the source with ast, nothing imported: every `import` and `from ... import` of every
+module, at its top or inside a function (a lazy import is still a dependency). The hot path's
+rule at run time (what `once run` really loads) is tests/acceptance/test_hot_path.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+MAX_LINES = 500
+
+# Modules that hold no rule of the tool: what they may import is not a layering question.
+LEAVES = {"once.limits", "once.escape", "once.outcomes", "once.deadlines"}
+DRIVERS = {"sqlite3", "psycopg", "pymysql"}
+# What a report or once serve may take from SQLAlchemy outside once.ledger: connections and
+# their errors, never a statement builder (select, insert, text, func...).
+SQLALCHEMY_PLUMBING = {"Connection", "Engine", "create_engine", "event", "SQLAlchemyError",
+                       "NullPool"}
+# A statement starts with its verb (prose in a docstring may mention one further in).
+STATEMENT = re.compile(r"\s*(SELECT|INSERT|DELETE|UPDATE|CREATE|ALTER|WITH|PRAGMA)\s")
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the imported module, absolute
+    names: tuple[str, ...]  # for `from module import a, b`; () for `import module`
+    top: bool  # at module level (paid at import time), or inside a function
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    return {_name(p): p for p in sorted((SRC / "once").rglob("*.py"))}
+
+
+@cache
+def imports(module: str) -> tuple[Import, ...]:
+    path = modules()[module]
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    top = set(map(id, tree.body))
+    found: list[Import] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [Import(a.name, (), id(node) in top) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            found.append(Import(base, tuple(a.name for a in node.names), id(node) in top))
+    return tuple(found)
+
+
+def _once_imports(module: str) -> set[str]:
+    """The modules of once that `module` imports (a `from once import x` names once.x)."""
+    found = set()
+    for imp in imports(module):
+        if imp.module == "once":
+            found |= {f"once.{n}" for n in imp.names if f"once.{n}" in modules()} or {"once"}
+        elif imp.module.startswith("once."):
+            found.add(imp.module)
+    return found
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_graph_is_read() -> None:
+    # A rule over an empty graph would pass: the reader must see what is surely there.
+    assert {"once.periods", "once.cli", "once.core", "once.ledger", "once.report"} <= set(modules())
+    assert "once.ledger" in _once_imports("once.core")
+    assert any(i.module == "sqlalchemy" for i in imports("once.ledger.schema"))
+
+
+@pytest.mark.parametrize("module", ["once.periods", "once.cron"])
+def test_time_is_pure(module: str) -> None:
+    # Periods and cron: the stdlib, zoneinfo, cronsim and the input limits, nothing of once
+    # that knows a database, a process or a terminal.
+    allowed = {"once.periods", "once.cron", "once.limits"}
+    assert _once_imports(module) <= allowed
+    third_party = {i.module.split(".")[0] for i in imports(module)} - {"once"}
+    assert not third_party & {"sqlalchemy", "rich", "click", *DRIVERS}
+
+
+@pytest.mark.parametrize("module", sorted(LEAVES))
+def test_leaves_import_no_part(module: str) -> None:
+    assert _once_imports(module) <= LEAVES
+
+
+@pytest.mark.parametrize("module", sorted(set(modules()) - {"once.ledger"}))
+def test_sql_lives_in_the_ledger(module: str) -> None:
+    if _in(module, "once.ledger"):
+        return
+    for imp in imports(module):
+        root = imp.module.split(".")[0]
+        assert root not in DRIVERS, (
+            f"{module} imports the driver {imp.module}: connections belong to once.ledger")
+        if root == "sqlalchemy":
+            builders = set(imp.names) - SQLALCHEMY_PLUMBING
+            assert imp.names and not builders, (
+                f"{module} imports {sorted(builders) or imp.module} from SQLAlchemy: "
+                "statements are built in once.ledger (queries, schema, prune)")
+    tree = ast.parse(modules()[module].read_text())
+    held = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str) and STATEMENT.match(n.value)]
+    assert not held, f"{module} holds SQL text: {held[0][:60]!r}"
+
+
+BELOW_THE_LEDGER = {"once.gaps", "once.stored", "once.periods", "once.cron", *LEAVES}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if _in(m, "once.ledger")))
+def test_the_ledger_imports_no_part_above_it(module: str) -> None:
+    # No report, runner or command: what a gap is, prune is handed by its caller.
+    above = {m for m in _once_imports(module) if not _in(m, "once.ledger")} - BELOW_THE_LEDGER
+    assert not above, f"{module} imports {sorted(above)}"
+
+
+@pytest.mark.parametrize("module", ["once.gaps", "once.stored"])
+def test_row_meaning_needs_only_time(module: str) -> None:
+    assert _once_imports(module) <= {"once.gaps", "once.stored", "once.periods", *LEAVES}
+
+
+@pytest.mark.parametrize("module", ["once.cli", "once.commands", "once.complete"])
+def test_the_cli_holds_no_sql(module: str) -> None:
+    roots = {i.module.split(".")[0] for i in imports(module)}
+    assert not roots & {"sqlalchemy", *DRIVERS}
+    assert not any(_in(m, "once.ledger.queries") or _in(m, "once.ledger.schema")
+                   for m in _once_imports(module) if m != "once.ledger")
+
+
+HOT = ("once.cli", "once.core", "once.runner", "once.guard", "once.lease", "once.relay",
+       "once.child", "once.attempt", "once.periods", "once.ledger", "once.ledger.base",
+       "once.ledger.url", "once.ledger.records", "once.ledger.sqlite", "once.ledger.postgres",
+       "once.ledger.mysql", "once.ledger.catchup", "once.gaps", "once.notify", "once.api")
+COLD = ("sqlalchemy", "rich", "once.report", "once.ledger.schema", "once.ledger.queries",
+        "once.ledger.prune", "once.serve", "once.serve_data", "once.serve_pages",
+        "once.timeline", "once.logs", "once._docs", "once.commands")
+
+
+@pytest.mark.parametrize("module", [m for m in HOT if m in modules()] + ["once.cli"])
+def test_the_hot_path_imports_no_report_at_its_top(module: str) -> None:
+    # A module `once run` loads may reach the report path only lazily, inside the function
+    # of the rare case that needs it (e.g. table creation on first use).
+    for imp in imports(module):
+        target = imp.module if imp.module != "once" else None
+        names = [target] if target else [f"once.{n}" for n in imp.names]
+        for name in names:
+            if imp.top:
+                assert not any(_in(name, cold) for cold in COLD), (
+                    f"{module} imports {name} at its top: `once run` would pay for it")
+
+
+def test_every_module_is_small() -> None:
+    sizes = {m: len(p.read_text().splitlines()) for m, p in modules().items()}
+    assert not {m: n for m, n in sizes.items() if n > MAX_LINES}
