@@ -409,7 +409,7 @@ def logs(job: str, db: str | None, db_password_file: str | None, namespace: str 
     stderr, as stored in the ledger when it finished, after a one-line header (period,
     attempt, outcome, exit status, owner, when). Control characters but line breaks and
     tabs are shown escaped (\\u001b)."""
-    from once import logs as show
+    from once.report import logs as show
 
     return show.logs(open_target(db, db_password_file), limits.stored_name(job, namespace), key,
                      attempt, as_json)

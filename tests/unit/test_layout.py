@@ -151,8 +151,7 @@ HOT = ("once.cli", "once.core", "once.runner", "once.guard", "once.lease", "once
        "once.ledger.url", "once.ledger.records", "once.ledger.sqlite", "once.ledger.postgres",
        "once.ledger.mysql", "once.ledger.catchup", "once.gaps", "once.notify", "once.api")
 COLD = ("sqlalchemy", "rich", "once.report", "once.ledger.schema", "once.ledger.queries",
-        "once.ledger.prune", "once.serve", "once.serve_data", "once.serve_pages",
-        "once.timeline", "once.logs", "once._docs", "once.commands")
+        "once.ledger.prune", "once.ledger.engines", "once.serve", "once._docs", "once.commands")
 
 
 @pytest.mark.parametrize("module", [m for m in HOT if m in modules()] + ["once.cli"])
@@ -171,3 +170,32 @@ def test_the_hot_path_imports_no_report_at_its_top(module: str) -> None:
 def test_every_module_is_small() -> None:
     sizes = {m: len(p.read_text().splitlines()) for m, p in modules().items()}
     assert not {m: n for m, n in sizes.items() if n > MAX_LINES}
+
+
+# README "Layout", top to bottom: a part imports only its own layer and those below it.
+LAYERS = (
+    ("once.cli", "once.commands", "once.complete"),
+    ("once.report", "once.serve", "once.progress"),
+    ("once.api", "once.core"),
+    ("once.runner", "once.guard", "once.lease", "once.relay", "once.child", "once.attempt",
+     "once.notify"),
+    ("once.ledger",),
+    ("once.gaps", "once.stored"),
+    ("once.periods", "once.cron"),
+    tuple(sorted(LEAVES)),
+)
+
+
+def _layer(module: str) -> int | None:
+    return next((i for i, parts in enumerate(LAYERS)
+                 if any(_in(module, part) for part in parts)), None)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules()
+                                          if m not in ("once", "once.__main__")
+                                          and not _in(m, "once._docs")))
+def test_a_part_imports_no_layer_above_its_own(module: str) -> None:
+    mine = _layer(module)
+    assert mine is not None, f"{module} is in no layer of README Layout"
+    up = [m for m in _once_imports(module) - {"once"} if (_layer(m) or 0) < mine]
+    assert not up, f"{module} imports {up}, above it in README Layout"

@@ -60,7 +60,7 @@ def status(target: Target, jobs_named: Sequence[str], namespace: str | None,
         write_line(json.dumps(status_objects(states, drawings if timeline else None,
                                              target.redacted), indent=2))
     elif timeline:
-        from once import timeline as draw
+        from once.report import timeline as draw
 
         draw.render([(s, drawings.get(s.name, [])) for s in states], tty())
     elif states:

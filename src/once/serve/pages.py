@@ -20,9 +20,10 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from once import __version__, report, timeline
+from once import __version__, report
 from once.periods import Period
-from once.serve_data import Fleet, JobPage
+from once.report import timeline
+from once.serve.data import Fleet, JobPage
 
 # Reloads the page's body every data-refresh seconds while the tab is visible, keeping the
 # scroll position; says so when the server cannot be reached. No other script runs. (The

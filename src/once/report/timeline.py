@@ -20,7 +20,7 @@ from once.escape import shown
 from once.periods import Period
 
 if TYPE_CHECKING:
-    from once.report import JobState
+    from once.report.model import JobState
 
 # state: (plain symbol, terminal glyph, rich style, legend word)
 STATES = {

@@ -18,7 +18,7 @@ Reads go through Reads: requests that want the same data while a read is under w
 within FRESH seconds of one) share it, so a hundred clients cost one read; at most
 READ_SLOTS different reads run at once; and a request waits at most --read-timeout (plus a
 little) for its read, after which its page says "ledger unreachable" and /healthz says 503.
-The read itself gives up by then too (once.serve_data), so stuck reads cannot pile up.
+The read itself gives up by then too (once.serve.data), so stuck reads cannot pile up.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._status()
         if path.startswith("/job/") and len(path) > len("/job/"):
             return self._job(unquote(path[len("/job/"):]))
-        from once import serve_pages
+        from once.serve import pages as serve_pages
 
         return self._send(HTTPStatus.NOT_FOUND, "text/html; charset=utf-8",
                           serve_pages.not_found(f"no page {path}", self._ledger(), _now()))
@@ -258,7 +258,7 @@ class Handler(BaseHTTPRequestHandler):
     # -- endpoints -------------------------------------------------------------------------
 
     def _healthz(self) -> None:
-        from once import serve_data
+        from once.serve import data as serve_data
 
         s = self.server.settings
         try:
@@ -270,7 +270,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, "text/plain; charset=utf-8", "ok\n")
 
     def _fleet(self, key: str) -> Any:
-        from once import serve_data
+        from once.serve import data as serve_data
 
         s = self.server.settings
         return self.server.reads.get((key,), lambda: serve_data.read_fleet(
@@ -278,7 +278,7 @@ class Handler(BaseHTTPRequestHandler):
             metrics=key == "data"))
 
     def _overview(self) -> None:
-        from once import serve_pages
+        from once.serve import pages as serve_pages
 
         s = self.server.settings
         try:
@@ -310,7 +310,8 @@ class Handler(BaseHTTPRequestHandler):
                               indent=2) + "\n")
 
     def _job(self, name: str) -> None:
-        from once import serve_data, serve_pages
+        from once.serve import data as serve_data
+        from once.serve import pages as serve_pages
 
         s = self.server.settings
         outside = bool(s.namespace) and not name.startswith(f"{s.namespace}:")
@@ -337,7 +338,7 @@ class Handler(BaseHTTPRequestHandler):
         return self.server.scrub(str(exc))
 
     def _unreachable(self, exc: Exception) -> None:
-        from once import serve_pages
+        from once.serve import pages as serve_pages
 
         s = self.server.settings
         self._send(HTTPStatus.SERVICE_UNAVAILABLE, "text/html; charset=utf-8",
@@ -346,7 +347,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: HTTPStatus, content_type: str, body: str,
               headers: dict[str, str] | None = None) -> None:
-        from once.serve_pages import CSP
+        from once.serve.pages import CSP
 
         data = body.encode("utf-8")
         self.send_response(status)
