@@ -195,7 +195,7 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
     if not claim.won:
         result = _skipped(what, claim, job, settings)
         if notify_skip:
-            _notify(settings, result, child_env(job, period, claim, shard, claimed=False))
+            _notify(settings, result, job, period, claim, shard, claimed=False)
         return result
     verb = "took over" if claim.attempt > 1 else "claimed"
     settings.context.update(attempt=claim.attempt, fence=claim.fence)
@@ -206,14 +206,18 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
         result = _run_claimed(ledger, job, period, key, shard, claim, command, settings, sent)
     finally:
         ledger.release(job.name, key)  # the command has ended: no longer a live owner
-    _notify(settings, result, child_env(job, period, claim, shard))
+    _notify(settings, result, job, period, claim, shard)
     return result
 
 
-def _notify(settings: Settings, result: Result, env: dict[str, str]) -> None:
-    """Pings and hooks; not for `unreachable`, where the missing success ping is the alarm,
-    nor for a refused command drift (a usage error: nothing was claimed)."""
+def _notify(settings: Settings, result: Result, job: Job, period: Period, claim: Claim | None,
+            shard: int | None = None, claimed: bool = True) -> None:
+    """Pings and hooks, with the command's environment (a skip's without the attempt); not
+    for `unreachable`, where the missing success ping is the alarm, nor for a refused
+    command drift (a usage error: nothing was claimed)."""
     if settings.notifier is not None and result.outcome not in outcomes.UNCLAIMED:
+        env = child_env(job, period, claim, shard, claimed)
+
         def log(message: str, event: str) -> None:
             say(message, settings, ERROR, event)
 
@@ -249,7 +253,7 @@ def run_shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
         outcome: outcomes.Skip = next((o for o in ("skipped-failed", "skipped-held")
                                        if o in skips), "skipped-done")
         last = Result(outcome, settings.skipped_exit_code)
-        _notify(settings, last, child_env(job, period, None, claimed=False))
+        _notify(settings, last, job, period, None, claimed=False)
     return failure or last
 
 

@@ -26,11 +26,11 @@ down at the lease's deadline). A guard that dies without its last line was kille
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import select
 import signal
-import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 
 from once.deadlines import lease_now
@@ -82,6 +82,7 @@ def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
 def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
            wrapper: int, report: int, ignored: frozenset[int],
            watch: Watch | None, stdio: dict[int, int]) -> int:
+    gc.disable()  # a collection would touch, and so copy, every page shared with the wrapper
     signal.set_wakeup_fd(-1)  # the wrapper's, inherited across the fork
     os.setpgid(0, 0)
     _retitle(title)
@@ -95,11 +96,7 @@ def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
     if tty is not None:
         take_terminal(tty, os.getpgrp())
     try:
-        # Handlers set above reset to default in the command on exec; nothing is blocked,
-        # and only what was ignored when once started stays ignored. The guard has no
-        # threads (it is a fork of one), so preexec_fn is safe here.
-        child = subprocess.Popen(command, env=env, stdout=stdio.get(1), stderr=stdio.get(2),
-                                 preexec_fn=_die_with(os.getpid()) if _PRCTL else None)
+        child = _start(command, env, stdio, os.getpid())
     except OSError as exc:
         os.write(report, f"exec {exc.errno or errno.ENOEXEC}\n".encode())
         return 0
@@ -107,7 +104,7 @@ def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
         for fd in set(stdio.values()):  # the command's alone: its end is the relay's EOF
             os.close(fd)
     os.write(report, b"started\n")
-    status, lapsed = _wait(child.pid, watch, report)
+    status, lapsed = _wait(child, watch, report)
     prefix = "lapsed " if lapsed else ""
     if os.WIFSIGNALED(status):
         os.write(report, f"{prefix}signal {os.WTERMSIG(status)}\n".encode())
@@ -118,13 +115,79 @@ def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
     return 0
 
 
-def _die_with(guard: int) -> Callable[[], None]:
-    """The command's preexec_fn: SIGKILL when the guard dies (the guard may already have)."""
-    def arm() -> None:
-        _set_parent_death_signal(signal.SIGKILL)
-        if os.getppid() != guard:
-            os.kill(os.getpid(), signal.SIGKILL)
-    return arm
+# Ignored by Python itself, not by whoever started once: the command gets them at default,
+# as subprocess's restore_signals gives them.
+_RESTORED = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ")
+                  if hasattr(signal, name))
+
+
+def _start(command: list[str], env: dict[str, str], stdio: dict[int, int], guard: int) -> int:
+    """Fork and exec the command; its pid. OSError (the exec's errno) when it cannot start.
+
+    What subprocess.Popen(close_fds=True, restore_signals=True, preexec_fn=...) does, without
+    its cost (a millisecond a command, paid per period by a catch-up): stdout and stderr
+    redirected, every other descriptor of ours closed, SIGKILL when the guard dies (the
+    guard may already have), PATH searched in the command's environment (os.execvpe, as
+    subprocess does). Handlers set by the guard reset to default on exec; nothing is blocked,
+    and only what was ignored when once started stays ignored. The guard has no threads (it
+    is a fork of one), so the child may run Python until its exec.
+    """
+    errors_r, errors_w = _pipe_above_stdio()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for target, fd in stdio.items():
+                os.dup2(fd, target)
+            _close_inherited(keep=errors_w)
+            for sig in _RESTORED:
+                signal.signal(sig, signal.SIG_DFL)
+            _set_parent_death_signal(signal.SIGKILL)
+            if _PRCTL is not None and os.getppid() != guard:
+                os.kill(os.getpid(), signal.SIGKILL)
+            os.execvpe(command[0], command, env)
+        except BaseException as exc:  # a bad name or value in the environment: ENOEXEC
+            number = exc.errno if isinstance(exc, OSError) and exc.errno else errno.ENOEXEC
+            os.write(errors_w, str(number).encode())
+        finally:
+            os._exit(127)
+    os.close(errors_w)
+    try:
+        failed = os.read(errors_r, 32)  # nothing: the exec closed the pipe
+    finally:
+        os.close(errors_r)
+    if failed:
+        os.waitpid(pid, 0)
+        number = int(failed) if failed.isdigit() else errno.ENOEXEC
+        raise OSError(number, os.strerror(number))
+    return pid
+
+
+def _close_inherited(keep: int) -> None:
+    """Close every descriptor but 0, 1, 2 and keep: the ones /proc lists (a loop up to the
+    descriptor limit could take minutes where that limit is a billion), else all up to
+    the limit."""
+    try:
+        fds: Iterable[int] = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = range(3, _MAXFD)
+    for fd in fds:
+        if fd > 2 and fd != keep:
+            with suppress(OSError):  # the listing's own descriptor, already closed
+                os.close(fd)
+
+
+def _pipe_above_stdio() -> tuple[int, int]:
+    """A close-on-exec pipe whose ends are not 0, 1 or 2 (which are free when once was
+    started with them closed): the command's stdout and stderr go there."""
+    ends = os.pipe()  # close-on-exec, as every descriptor Python makes
+    if min(ends) > 2:
+        return ends
+    import fcntl
+
+    moved = tuple(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3) for fd in ends)
+    for fd in ends:
+        os.close(fd)
+    return moved[0], moved[1]
 
 
 def _wait(pid: int, watch: Watch | None, report: int) -> tuple[int, bool]:
@@ -237,6 +300,11 @@ def _load_prctl() -> Callable[..., int] | None:
 # Loaded here, in the wrapper, once: every guard is a fork of it and needs them at once, and a
 # catch-up forks a guard per period (importing them in each guard cost milliseconds each).
 _PRCTL = _load_prctl()
+
+try:  # the descriptor limit, for a system without /proc (as subprocess.MAXFD)
+    _MAXFD = max(256, os.sysconf("SC_OPEN_MAX"))
+except (AttributeError, ValueError, OSError):
+    _MAXFD = 256
 
 
 def _set_parent_death_signal(sig: int) -> None:

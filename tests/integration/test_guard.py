@@ -267,3 +267,21 @@ def test_once_runs_with_descriptors_numbered_past_1024(once_env: dict[str, str],
         assert (result.returncode, result.stdout, result.stderr) == (0, "hi\n", ""), tail
     assert query(ledger_url, "SELECT job, outcome FROM once_attempts ORDER BY job") == [
         ("fds-0", "done"), ("fds-16KiB", "done")]
+
+
+def test_the_command_gets_stdio_alone_and_sigpipe_at_default(once_env: dict[str, str]) -> None:
+    """Whatever once's parent leaked, and once's own pipes, stay out of the command; SIGPIPE
+    and SIGXFSZ, which Python ignores for itself, are the command's at their default (as a
+    shell gives them): `once run -- yes | head -1` ends as `yes | head -1` does."""
+    script = "ls /proc/$$/fd; grep SigIgn /proc/$$/status"  # the shell's own, no pipe
+    for tail in ("16KiB", "0"):
+        result = subprocess.run(
+            [sys.executable, "-c", _MANY_FDS, ONCE, "run", "--job", f"stdio-{tail}", *DAY,
+             "--output-tail", tail, "--", "sh", "-c", script],
+            env=once_env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        fds, ignored = result.stdout.split("SigIgn:")
+        assert fds.split() == ["0", "1", "2"], tail
+        mask = int(ignored.strip(), 16)
+        assert not mask & (1 << (signal.SIGPIPE - 1)), tail
+        assert not mask & (1 << (signal.SIGXFSZ - 1)), tail
