@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from once import gaps, report
-from once.ledger import parse_url, queries, schema
+from once.ledger import parse_url, schema
 from once.periods import Period, schedule
 from once.stored import shard_keys
 
@@ -66,8 +66,8 @@ def test_missing_periods_match_brute_force(seed: int, tmp_path: Path) -> None:
     seed_ledger(url, sched, shards, periods[0], rows)
 
     target = parse_url(url)
-    with report.reading(target) as conn:
-        (state,) = report.survey(conn, target, queries.job_rows(conn, None, None), NOW)
+    with report.surveying(target) as snap:
+        (state,) = report.survey(snap, snap.job_rows(None, None), NOW)
     expected = [(p.start.astimezone(UTC), key) for p in periods
                 for key in shard_keys(p.key, shards)
                 if key not in rows or (rows[key][1] == "running")]  # heartbeats are stale

@@ -9,24 +9,23 @@ write; `serve_engine` bounds the connect and every statement by `once serve`'s -
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.pool import NullPool
 
-from once.ledger import queries
+from once.ledger.reads import sqlite_read_only
 from once.ledger.schema import engine_args
 from once.ledger.url import Target
 
 
 def report_engine(target: Target) -> Engine:
     """An engine for the reports: SQLite opens a deferred (read) transaction, never a write
-    lock, on a read-only connection (_sqlite_read_only)."""
+    lock, on a read-only connection (once.ledger.reads.sqlite_read_only)."""
     if target.dialect != "sqlite":
         return create_engine(target.sqlalchemy_url, poolclass=NullPool, **engine_args(target))
     eng = create_engine("sqlite://", poolclass=NullPool,
-                        creator=lambda: _sqlite_read_only(target.path))
+                        creator=lambda: sqlite_read_only(target.path))
     return _snapshots(eng)
 
 
@@ -60,25 +59,3 @@ def _snapshots(eng: Engine) -> Engine:
         conn.exec_driver_sql("BEGIN")  # WAL: a consistent snapshot for every read
 
     return eng
-
-
-def _sqlite_read_only(path: str) -> Any:
-    """A connection that cannot write: reports work for an account that may only read the
-    ledger (a monitoring user), and never create or change a file.
-
-    A WAL ledger with no writer at work has no shared-memory file (`-shm`), and a read-only
-    connection cannot create one where it may not write: SQLite then refuses to read at all.
-    The file is then opened as immutable, which needs no shared memory; that is sound here
-    because a writer at work would have made the `-shm` file.
-    """
-    import sqlite3
-    from urllib.parse import quote
-
-    uri = "file:" + quote(os.path.abspath(path)) + "?mode=ro"
-    conn = sqlite3.connect(uri, uri=True, timeout=30, check_same_thread=False)
-    try:
-        queries.probe_sqlite(conn)
-        return conn
-    except sqlite3.OperationalError:
-        conn.close()
-    return sqlite3.connect(uri + "&immutable=1", uri=True, timeout=30, check_same_thread=False)

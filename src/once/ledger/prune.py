@@ -47,14 +47,15 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from once.ledger import LedgerError, Target, describe, from_db_time, queries
 from once.ledger.queries import bind
+from once.ledger.reads import Snapshot
 from once.ledger.schema import attempts, engine, jobs, runs
 
 # once_attempts' record of `once state --set`: no run row of its own
 STATE_ROWS = queries.STATE_PERIOD
 
-# (connection, ledger, job names) -> per job with a due period without a row, where the oldest
-# such period starts
-OldestGaps = Callable[[Connection, Target, list[str]], dict[str, datetime]]
+# (a snapshot, job names) -> per job with a due period without a row, where the oldest such
+# period starts
+OldestGaps = Callable[[Snapshot, list[str]], dict[str, datetime]]
 
 
 @dataclass
@@ -120,7 +121,7 @@ def _needed(conn: Connection, target: Target,
                                     .group_by(runs.c.job)):
         if job in keep:
             keep[job] = min(keep[job], from_db_time(oldest))
-    gap = oldest_gaps(conn, target, list(keep))
+    gap = oldest_gaps(Snapshot.over(conn, target), list(keep))
     for job, start in gap.items():
         keep[job] = min(keep[job], start)
     return keep, gap

@@ -69,12 +69,6 @@ def chunks(items: Sequence[Any], size: int) -> Iterator[list[Any]]:
 # -- the session -------------------------------------------------------------------------------
 
 
-def probe_sqlite(dbapi_conn: Any) -> None:
-    """Read from a new sqlite3 connection: raises when a read-only one cannot read (a WAL
-    ledger whose shared-memory file it may not create)."""
-    dbapi_conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-
-
 def schema_version(conn: Connection) -> int:
     """The ledger's schema version (0 when it has none yet)."""
     value = conn.execute(select(meta.c.value).where(meta.c.name == "schema_version")).scalar()

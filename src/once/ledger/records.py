@@ -16,6 +16,11 @@ from typing import Any
 from once import outcomes
 from once.outcomes import Skip
 
+# The ledger's schema version (once_meta), which once.ledger.schema creates and upgrades to.
+# 2: shards, state, state_version, command_hash; 3: once_runs.stale_after;
+# 4: once_attempts.output
+SCHEMA_VERSION = 4
+
 
 def from_db_time(value: datetime) -> datetime:
     """A time as a driver hands it back, as an aware UTC datetime: SQLite and MySQL give

@@ -45,10 +45,7 @@ from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
 
 from once.ledger import LedgerError, Target, create_private, describe
-
-# 2: shards, state, state_version, command_hash; 3: once_runs.stale_after;
-# 4: once_attempts.output
-SCHEMA_VERSION = 4
+from once.ledger.records import SCHEMA_VERSION as SCHEMA_VERSION  # its home, re-exported
 
 # Times are UTC instants: timestamptz on PostgreSQL, DATETIME(6) (UTC by convention, written
 # with UTC_TIMESTAMP(6)) on MySQL/MariaDB, ISO text on SQLite (`0001-01-01 00:00:00.000000`).

@@ -1,8 +1,9 @@
 """Reports on the ledger: `once status`, `once history`, `once check` and `once metrics`.
 
-Only the reports import SQLAlchemy and rich (`once run` never pays for them). They read the
-ledger through the named statements of once.ledger.queries (they build none), in one
-snapshot, and change nothing (except that a ledger whose schema is older than this once's is
+Only the reports import SQLAlchemy and rich (`once run` never pays for them), and `once
+status` and `once check` not even these: they read the ledger through once.ledger.reads' plain
+statements on the driver, the other reports through the named statements of
+once.ledger.queries (they build none); each in one snapshot, and change nothing (except that a ledger whose schema is older than this once's is
 upgraded first, as the next `once run` would do; an absent ledger is reported empty, never
 created).
 
@@ -27,7 +28,8 @@ missing periods.
 The parts, each importing only those above it:
 
 * model: RunRow, JobState, AttemptCounts and the pure rules over them (no database);
-* snapshot: the read-only engine and one consistent transaction;
+* snapshot: one read-only, consistent snapshot: the survey's (once.ledger.reads, no
+  SQLAlchemy) and the other reads' (SQLAlchemy);
 * survey, attempts: the reads (jobs' states and gaps, timelines; attempts, holders, counts);
 * render: durations in words, table cells, plain and rich tables, `status --json` objects;
 * check: `once check`'s findings; metrics: `once metrics`' exposition (both pure);
@@ -59,7 +61,7 @@ from once.report.render import (
     took,
     write_line,
 )
-from once.report.snapshot import NoLedger, reading
+from once.report.snapshot import NoLedger, reading, surveying
 from once.report.survey import oldest_gaps, survey, survey_jobs, timeline_cells
 
 __all__ = [
@@ -98,6 +100,7 @@ __all__ = [
     "status_word",
     "survey",
     "survey_jobs",
+    "surveying",
     "timeline_cells",
     "took",
     "write_line",

@@ -7,19 +7,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection
-
-from once.ledger import Target, queries
+from once.ledger import Target
 from once.periods import SpecError, zone
 from once.report.model import AttemptCounts, RunRow, attempt_entry
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 
 def attempt_entries(conn: Connection, target: Target, stored_job: str, limit: int,
                     period: str | None = None) -> tuple[str, list[dict[str, Any]]] | None:
     """The job's zone and its latest attempts, newest first, as `once history --json` shows
     them; None when the job has never run."""
+    from once.ledger import queries  # SQLAlchemy: imported by the reports that need it
+
     now = queries.db_now(conn, target)
     job_rows = queries.job_rows(conn, [stored_job], None)
     if not job_rows:
@@ -41,11 +44,15 @@ def job_zone(name: str) -> Any:
 
 def holders(conn: Connection, job: str, periods: set[str]) -> dict[str, RunRow]:
     """The once_runs rows of the periods shown, to tell a live attempt from an abandoned one."""
+    from once.ledger import queries  # SQLAlchemy: imported by the reports that need it
+
     return {row.period: RunRow.of(row) for row in queries.run_rows(conn, job, list(periods))}
 
 
 def attempt_counts(conn: Connection, names: Sequence[str]) -> dict[str, AttemptCounts]:
     """Per job, from once_attempts: attempts by status, takeovers and reruns."""
+    from once.ledger import queries  # SQLAlchemy: imported by the reports that need it
+
     found: dict[str, AttemptCounts] = {n: AttemptCounts() for n in names}
     for job, status_, n, n_later, n_reruns in queries.attempt_counts(conn, names):
         counts = found[job]

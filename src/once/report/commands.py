@@ -7,11 +7,11 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING
 
 from once.escape import shown
 from once.ledger import Target
+from once.ledger.reads import Snapshot
 from once.periods import Period
 from once.report.attempts import attempt_counts, attempt_entries
 from once.report.check import CRITICAL, OK, UNKNOWN, Finding, findings
@@ -25,8 +25,11 @@ from once.report.render import (
     tty,
     write_line,
 )
-from once.report.snapshot import NoLedger, reading
+from once.report.snapshot import NoLedger, reading, surveying
 from once.report.survey import survey_jobs, timeline_cells
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 Drawings = dict[str, list[tuple[Period, str]]]  # each job's timeline: (period, state)
 
@@ -40,9 +43,9 @@ def _load(target: Target, names: Sequence[str] | None, namespace: str | None,
           last: int | None = None) -> tuple[list[JobState], datetime, Drawings]:
     """The jobs at the database's now and, with timeline, their timelines: one snapshot."""
     try:
-        with reading(target) as conn:
-            states, now = survey_jobs(conn, target, names, namespace, grace)
-            drawings = ({s.name: timeline_cells(conn, target, s, last) for s in states}
+        with surveying(target) as snap:
+            states, now = survey_jobs(snap, names, namespace, grace)
+            drawings = ({s.name: timeline_cells(snap, s, last) for s in states}
                         if timeline else {})
             return states, now, drawings
     except NoLedger:
@@ -125,7 +128,7 @@ def metrics(target: Target, namespace: str | None) -> int:
     """`once metrics`: Prometheus text exposition format, for the textfile collector."""
     try:
         with reading(target) as conn:
-            states, _ = survey_jobs(conn, target, None, namespace)
+            states, _ = survey_jobs(Snapshot.over(conn, target), None, namespace)
             text = metrics_text(conn, states)
     except NoLedger:
         text = exposition([], {})

@@ -50,13 +50,13 @@ class RunRow:
 
     @classmethod
     def of(cls, row: Any) -> RunRow:
-        m = row._mapping
+        """A row with once_runs' column names as attributes (SQLAlchemy's, once.ledger.reads')."""
         at = from_db_time
-        return cls(m["job"], m["period"], m["status"], m["attempt"], m["fence"], m["owner"],
-                   at(m["period_start"]), at(m["period_end"]), at(m["started_at"]),
-                   at(m["heartbeat_at"]),
-                   at(m["finished_at"]) if m["finished_at"] is not None else None,
-                   m["exit_code"], float(m["stale_after"]))
+        return cls(row.job, row.period, row.status, row.attempt, row.fence, row.owner,
+                   at(row.period_start), at(row.period_end), at(row.started_at),
+                   at(row.heartbeat_at),
+                   at(row.finished_at) if row.finished_at is not None else None,
+                   row.exit_code, float(row.stale_after))
 
     @property
     def duration(self) -> float | None:

@@ -1,5 +1,7 @@
-"""Reading one snapshot of the ledger: the reports' engine and their read-only connection in
-one consistent transaction (the statements themselves are once.ledger.queries').
+"""Reading one snapshot of the ledger: `surveying` for the survey of `once status` and
+`once check` (once.ledger.reads, plain SQL on the driver: no SQLAlchemy), `reading` for the
+reports that read through once.ledger.queries (SQLAlchemy: history, metrics' attempt counts),
+each one read-only connection in one consistent transaction.
 
 An absent ledger (no SQLite file, no tables) is NoLedger, never created; a ledger whose schema
 is older than this once's is upgraded first, as the next `once run` would do.
@@ -9,18 +11,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING
 
-from sqlalchemy import Connection
-from sqlalchemy.exc import SQLAlchemyError
+from once.ledger import LedgerError, Target, describe
+from once.ledger.reads import NoLedger, Snapshot
 
-from once.ledger import LedgerError, Target, describe, queries
-from once.ledger import schema as tables
-from once.ledger.engines import report_engine
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
+__all__ = ["NoLedger", "reading", "surveying"]
 
 
-class NoLedger(Exception):
-    """The ledger's tables do not exist yet: nothing has run."""
+def surveying(target: Target) -> AbstractContextManager[Snapshot]:
+    """One read-only snapshot for the survey (once.report.survey), without SQLAlchemy."""
+    return Snapshot.open(target)
 
 
 @contextmanager
@@ -30,6 +35,12 @@ def reading(target: Target) -> Iterator[Connection]:
     A ledger whose schema is older than this once's is upgraded first (`once schema`), as the
     next `once run` would do, so that reports can read the columns they know.
     """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from once.ledger import queries
+    from once.ledger import schema as tables
+    from once.ledger.engines import report_engine
+
     if target.dialect == "sqlite" and not os.path.exists(target.path):
         raise NoLedger  # connecting would create an empty file
     try:

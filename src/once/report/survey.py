@@ -1,6 +1,6 @@
 """Every job's state in one snapshot: its due range, the counts of its done rows, its open
 rows, its latest done row, the last lines of its failures, its missing periods, and the rows
-of its timeline, read through once.ledger.queries on a connection of once.report.snapshot.
+of its timeline, read through once.ledger.reads' Snapshot (plain SQL: no SQLAlchemy).
 
 Scale: the number of due periods is counted arithmetically (once.gaps) and compared with one
 COUNT of done rows over an index range per job (index once_runs_job_status_start); only a job
@@ -20,10 +20,9 @@ from datetime import datetime, timedelta
 from itertools import islice
 from typing import Any
 
-from sqlalchemy import Connection
-
 from once import gaps, stored
-from once.ledger import Target, from_db_time, queries
+from once.ledger import from_db_time
+from once.ledger.reads import Snapshot
 from once.periods import Period, SpecError, utc_instant
 from once.report.model import (
     LIST_LIMIT,
@@ -40,35 +39,34 @@ from once.report.model import (
 WALK_LIMIT = 100_000  # missing units walked per job to count the gaps of a cron job
 
 
-def survey_jobs(conn: Connection, target: Target, names: Sequence[str] | None,
-                namespace: str | None, grace: float = 0.0) -> tuple[list[JobState], datetime]:
+def survey_jobs(snap: Snapshot, names: Sequence[str] | None, namespace: str | None,
+                grace: float = 0.0) -> tuple[list[JobState], datetime]:
     """The named jobs (all of them, or those of a namespace) at the database's now."""
-    now = queries.db_now(conn, target)
-    return survey(conn, target, queries.job_rows(conn, names, namespace), now, grace), now
+    now = snap.db_now()
+    return survey(snap, snap.job_rows(names, namespace), now, grace), now
 
 
-def oldest_gaps(conn: Connection, target: Target, names: list[str]) -> dict[str, datetime]:
+def oldest_gaps(snap: Snapshot, names: list[str]) -> dict[str, datetime]:
     """Per named job with a due period that has no row: where the oldest such period starts
     (`once prune` keeps every done row from there on, for the gap finder)."""
-    states = survey(conn, target, queries.job_rows(conn, names, None),
-                    queries.db_now(conn, target))
+    states = survey(snap, snap.job_rows(names, None), snap.db_now())
     return {s.name: s.no_row_listed[0][0] for s in states if s.no_row_listed}
 
 
-def survey(conn: Connection, target: Target, job_rows: Sequence[Any], now: datetime,
+def survey(snap: Snapshot, job_rows: Sequence[Any], now: datetime,
            grace: float = 0.0) -> list[JobState]:
     """Every named job's state at `now`: due range, counts, open rows, missing periods."""
     states = [_plan(row, now, grace) for row in job_rows]
     ready = [s for s in states if s.sched is not None]
-    _count_done(conn, target, ready)
+    _count_done(snap, ready)
     by_name = {s.name: s for s in ready}
-    for row in queries.open_rows(conn, list(by_name)):
+    for row in snap.open_rows(list(by_name)):
         by_name[row.job].open_rows.append(RunRow.of(row))
-    for row in queries.last_done_rows(conn, list(by_name)):
+    for row in snap.last_done_rows(list(by_name)):
         by_name[row.job].last_done = RunRow.of(row)
-    _read_failure_lines(conn, ready)
+    _read_failure_lines(snap, ready)
     for state in ready:
-        _locate_missing(conn, target, state)
+        _locate_missing(snap, state)
     return states
 
 
@@ -96,7 +94,7 @@ def _plan(row: Any, now: datetime, grace: float) -> JobState:
     return state
 
 
-def _count_done(conn: Connection, target: Target, states: list[JobState]) -> None:
+def _count_done(snap: Snapshot, states: list[JobState]) -> None:
     """done rows in each job's due range (one COUNT over an index range per job)."""
     due: list[JobState] = []
     ranges: list[tuple[str, datetime, datetime]] = []
@@ -104,20 +102,20 @@ def _count_done(conn: Connection, target: Target, states: list[JobState]) -> Non
         if s.due_last is not None and s.first is not None:
             due.append(s)
             ranges.append((s.name, s.first.start, s.due_last.end))
-    for s, n in zip(due, queries.done_counts(conn, target, ranges), strict=True):
+    for s, n in zip(due, snap.done_counts(ranges), strict=True):
         s.done_due = n
 
 
-def _read_failure_lines(conn: Connection, states: list[JobState]) -> None:
+def _read_failure_lines(snap: Snapshot, states: list[JobState]) -> None:
     """The last line of output of each failed row listed: the end of its attempt's stored
     output (primary-key lookups, only where a job has failed rows)."""
     by_key = {(s.name, r.period, r.attempt): s for s in states for r in s.listed_failures}
-    for row in queries.failure_output_ends(conn, list(by_key)):
-        state = by_key[(row.job, row.period, row.attempt)]
-        state.failure_lines[row.period] = last_line(row.output_end)
+    for row in snap.failure_output_ends(list(by_key)):
+        job, period, attempt, output_end = row
+        by_key[(job, period, attempt)].failure_lines[period] = last_line(output_end)
 
 
-def _locate_missing(conn: Connection, target: Target, s: JobState) -> None:
+def _locate_missing(snap: Snapshot, s: JobState) -> None:
     """Count the due periods (with --shards: shards) that have no row; list the first few and
     the last one (once.gaps.GapFinder, as catch-up finds them)."""
     if s.due_last is None or s.first is None or s.sched is None:
@@ -126,7 +124,7 @@ def _locate_missing(conn: Connection, target: Target, s: JobState) -> None:
     starts = [r.period_start for r in s.open_rows]
     if s.last_done is not None:
         starts.append(s.last_done.period_start)
-    finder = gaps.GapFinder(s.sched, s.shards, _Rows(conn, target, s.name),
+    finder = gaps.GapFinder(s.sched, s.shards, _Rows(snap, s.name),
                             [(r.period_start, r.period) for r in s.open_rows],
                             max(starts, default=None))
     if s.expected is None:  # cron: no count; walk the gaps between the done rows
@@ -158,27 +156,33 @@ def _walk_missing(s: JobState, finder: gaps.GapFinder, lo: datetime, hi: datetim
 
 
 class _Rows:
-    """once.gaps.Rows for the reports: once.ledger.queries, inside the report's snapshot."""
+    """once.gaps.Rows for the reports: catch-up's statements (once.ledger.catchup) on the
+    report's snapshot, each stretch's done rows counted once (a snapshot does not change: the
+    search for the last gap goes down the stretches the search for the first one counted)."""
 
-    def __init__(self, conn: Connection, target: Target, job: str) -> None:
-        self.conn, self.target, self.job = conn, target, job
+    def __init__(self, snap: Snapshot, job: str) -> None:
+        self.rows = snap.rows(job)
+        self.counted: dict[tuple[datetime, datetime], int] = {}
 
     def done_counts(self, stretches: Sequence[tuple[datetime, datetime]]) -> list[int]:
-        return queries.split_done_counts(self.conn, self.target, self.job, stretches)
+        new = [x for x in stretches if x not in self.counted]
+        if new:
+            self.counted.update(zip(new, self.rows.done_counts(new), strict=True))
+        return [self.counted[x] for x in stretches]
 
     def keys_at(self, starts: Sequence[datetime]) -> dict[datetime, set[str]]:
-        return queries.keys_at(self.conn, self.target, self.job, starts)
+        return self.rows.keys_at(starts)
 
     def done_breaks(self, lo: datetime,
                     hi: datetime) -> tuple[datetime | None, list[tuple[datetime, datetime | None]]]:
-        return queries.done_breaks(self.conn, self.target, self.job, lo, hi)
+        return self.rows.done_breaks(lo, hi)
 
     def short_starts(self, lo: datetime, hi: datetime, shards: int,
                      limit: int) -> list[datetime]:
-        return queries.short_starts(self.conn, self.target, self.job, lo, hi, shards, limit)
+        return self.rows.short_starts(lo, hi, shards, limit)
 
 
-def timeline_cells(conn: Connection, target: Target, s: JobState,
+def timeline_cells(snap: Snapshot, s: JobState,
                    last: int | None) -> list[tuple[Period, str]]:
     """The job's `last` latest periods (default_last when None), up to the one `once run`
     claims now, and their states, oldest first, as `once status --timeline` draws them:
@@ -192,6 +196,6 @@ def timeline_cells(conn: Connection, target: Target, s: JobState,
         periods.append(s.sched.previous(periods[-1]))  # not before the job's first period
     periods.reverse()
     rows: dict[str, list[Any]] = {}
-    for row in queries.timeline_rows(conn, target, s.name, periods[0].start, periods[-1].end):
+    for row in snap.timeline_rows(s.name, periods[0].start, periods[-1].end):
         rows.setdefault(stored.period_key(row.period), []).append(row)
     return [(p, period_state(s, p, rows.get(p.key, []))) for p in periods]

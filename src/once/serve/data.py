@@ -29,13 +29,10 @@ from once import report
 from once.ledger import LedgerError, Target, describe, queries
 from once.ledger import schema as tables
 from once.ledger.engines import serve_engine
+from once.ledger.reads import NoLedger, Snapshot
 from once.periods import Period
 
 STRIP = 30  # periods in each job's strip on the overview
-
-
-class NoLedger(Exception):
-    """The ledger has no tables yet (nothing has run): an empty fleet, not an error."""
 
 
 @dataclass
@@ -64,10 +61,11 @@ def read_fleet(target: Target, namespace: str | None, timeout: float,
                strips: bool = True, metrics: bool = False) -> Fleet:
     try:
         with read_only(target, timeout) as conn:
-            states, now = report.survey_jobs(conn, target, None, namespace)
+            snap = Snapshot.over(conn, target)
+            states, now = report.survey_jobs(snap, None, namespace)
             fleet = Fleet(now, states)
             if strips:
-                fleet.strips = {s.name: report.timeline_cells(conn, target, s, STRIP)
+                fleet.strips = {s.name: report.timeline_cells(snap, s, STRIP)
                                 for s in states}
             if metrics:
                 fleet.metrics = report.metrics_text(conn, states)
@@ -80,12 +78,13 @@ def read_job(target: Target, name: str, timeout: float, limit: int = 100) -> Job
     """The job's page; None when the job has never run."""
     try:
         with read_only(target, timeout) as conn:
-            states, now = report.survey_jobs(conn, target, [name], None)
+            snap = Snapshot.over(conn, target)
+            states, now = report.survey_jobs(snap, [name], None)
             found = report.attempt_entries(conn, target, name, limit)
             if not states or found is None:
                 return None
             state = states[0]
-            cells = report.timeline_cells(conn, target, state, None)
+            cells = report.timeline_cells(snap, state, None)
     except NoLedger:
         return None
     tz, entries = found
@@ -124,6 +123,11 @@ def read_only(target: Target, timeout: float) -> Iterator[Connection]:
                     yield conn
             finally:
                 watchdog.cancel()  # before the socket is closed and its number reused
+    except LedgerError as exc:  # once.ledger.reads' (the survey's), or ours
+        if not watchdog.fired:
+            raise
+        raise LedgerError(f"cannot read the ledger {target.redacted}: no answer within "
+                          f"{timeout:g}s") from exc
     except SQLAlchemyError as exc:
         if queries.is_missing_table(target, exc):
             raise NoLedger from None
