@@ -7,6 +7,9 @@ records.
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from typing import Any
 
 from once.ledger.base import Ledger, shut_down
@@ -227,16 +230,57 @@ class PostgresLedger(Ledger):
         server-side one needs session state that PgBouncer does not keep; a server that stops
         answering (stopped, hung, a partition that still ACKs) would hold us for ever. Past
         the watchdog's time the socket is shut down, which fails the statement."""
-        import threading
-
-        watchdog = threading.Timer(max(5.0, 2 * self.statement_timeout), shut_down,
-                                   (self._conn.pgconn.socket,))
-        watchdog.daemon = True
-        watchdog.start()
+        token = _WATCHDOG.arm(self._conn.pgconn.socket, max(5.0, 2 * self.statement_timeout))
         try:
             return self._conn.execute(sql, params)
         finally:
-            watchdog.cancel()
+            _WATCHDOG.disarm(token)
 
     def _fetch(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in self._execute(sql, params).fetchall()]
+
+
+class _Watchdog:
+    """One thread for every statement's time limit, started with the first: a thread a
+    statement (threading.Timer) cost half a millisecond each, two a period in a catch-up.
+    Statements may be in flight on several connections at once (a renewal left stuck in a
+    hung server, and the next statement on a fresh connection)."""
+
+    def __init__(self) -> None:
+        self.forked()
+        # A fork has no thread, and may have copied the lock while the parent's thread held it.
+        os.register_at_fork(after_in_child=self.forked)
+
+    def forked(self) -> None:
+        self._changed = threading.Condition()
+        self._armed: dict[int, tuple[float, int]] = {}  # token -> (deadline, socket)
+        self._tokens = 0
+        self._watching = False
+
+    def arm(self, fd: int, seconds: float) -> int:
+        with self._changed:
+            if not self._watching:
+                self._watching = True
+                threading.Thread(target=self._watch, daemon=True, name="once-watchdog").start()
+            self._tokens += 1
+            self._armed[self._tokens] = (time.monotonic() + seconds, fd)
+            self._changed.notify()
+            return self._tokens
+
+    def disarm(self, token: int) -> None:
+        with self._changed:
+            self._armed.pop(token, None)  # the thread wakes at the old deadline, finds nothing
+
+    def _watch(self) -> None:
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                for token, (deadline, fd) in list(self._armed.items()):
+                    if deadline <= now:
+                        del self._armed[token]
+                        shut_down(fd)
+                deadlines = [deadline for deadline, _ in self._armed.values()]
+                self._changed.wait(min(deadlines) - now if deadlines else None)
+
+
+_WATCHDOG = _Watchdog()
