@@ -16,6 +16,9 @@
    wrapper's PSS with capture on and off while the command writes (goal: within 2 MiB).
    `BENCH_ONLY=output` runs these rows alone; BENCH_OUTPUT_MIB makes the first smaller.
 
+`BENCH_ONLY=noop` runs row 1 alone (no-op `once run` against the bare script, SQLite and
+PostgreSQL), without the 50-at-once line.
+
 Each figure is printed beside its goal, with "ok" or "OVER GOAL".
 
 PostgreSQL: ONCE_BENCH_POSTGRES_URL, else an embedded server started for the run.
@@ -118,7 +121,8 @@ def together(cmd: list[str], env: dict[str, str], count: int) -> float:
     return elapsed
 
 
-def compare(name: str, url: str, bare: Path, bare_arg: str, goal: float) -> None:
+def compare(name: str, url: str, bare: Path, bare_arg: str, goal: float,
+            at_once: bool = True) -> None:
     env = {**os.environ, "ONCE_DATABASE_URL": url}
     once_cmd = [ONCE, "run", "--job", "bench", "--every", "day", "--", "true"]
     bare_cmd = [sys.executable, str(bare), "--job", "bench-bare", "--period", "p", bare_arg]
@@ -132,6 +136,8 @@ def compare(name: str, url: str, bare: Path, bare_arg: str, goal: float) -> None
     verdict = "ok" if o / b <= goal else "OVER GOAL"
     print(f"{name:<11} no-op once run {o * 1000:7.1f} ms   bare claim {b * 1000:7.1f} ms   "
           f"ratio {o / b:5.2f} (goal <= {goal})  {verdict}")
+    if not at_once:
+        return
     o50, b50 = together(once_cmd, env, 50), together(bare_cmd, env, 50)
     print(f"{name:<11} 50 at once: once run {o50 * 1000:7.0f} ms   bare {b50 * 1000:7.0f} ms   "
           f"ratio {o50 / b50:5.2f}")
@@ -235,11 +241,15 @@ def main() -> None:
         if os.environ.get("BENCH_ONLY") == "output":
             output.run(f"sqlite:///{db}")
             return
-        compare("sqlite", f"sqlite:///{db}", bare_script("sqlite", directory), str(db), 1.3)
+        noop = os.environ.get("BENCH_ONLY") == "noop"
+        compare("sqlite", f"sqlite:///{db}", bare_script("sqlite", directory), str(db), 1.3,
+                at_once=not noop)
         pg = postgres_url()
         target = ledger.parse_url(pg)
         compare("postgresql", pg, bare_script("postgresql", directory),
-                target.connect_args["conninfo"], 1.2)
+                target.connect_args["conninfo"], 1.2, at_once=not noop)
+        if noop:
+            return
         catchup_overhead("sqlite", f"sqlite:///{db}")
         catchup_overhead("postgresql", pg)
         wrapper_memory("postgresql", pg)
