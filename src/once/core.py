@@ -12,13 +12,13 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from once import outcomes
 from once.child import StateFile, child_env
 from once.deadlines import lease_now
+from once.frozen import Frozen
 from once.ledger import Claim, CommandDrift, Job, Ledger, LedgerError
 from once.limits import OUTPUT_TAIL
 from once.periods import Period, Schedule, iso, utc_instant
@@ -44,27 +44,30 @@ _JSON_LEVELS = {ERROR: "error", NORMAL: "warning", VERBOSE: "info"}
 DEFAULT_MAX_CLOCK_SKEW = 60.0
 
 
-@dataclass
 class Settings:
-    """How `once run` runs a claimed period."""
+    """How `once run` runs a claimed period (a plain class: a dataclass costs every fire its
+    import and compiled methods, see once.frozen)."""
 
-    kill_after: float = 10.0
-    timeout: float | None = None
-    skipped_exit_code: int = 0
-    owner: str = ""
-    verbosity: int = NORMAL
-    state: bool = False  # --state: hand the job's watermark to the command and take it back
-    command_hash: str | None = None  # what ran, for drift reports and --require-same-command
-    require_same_command: bool = False  # refuse (exit 2) when the latest attempt ran another
-    max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW  # refuse (exit 75) a host clock this far off
-    notifier: Notifier | None = None  # --ping and --on-* hooks
-    output_tail: int = OUTPUT_TAIL  # bytes of the command's output kept in the ledger (0: off)
-    log_format: str = "text"  # or "json": one object a line, for log shippers
-    context: dict[str, object] = field(default_factory=dict)  # job, period, attempt: for logs
-
-    def __post_init__(self) -> None:
-        if not self.owner:
-            self.owner = default_owner()
+    def __init__(self, kill_after: float = 10.0, timeout: float | None = None,
+                 skipped_exit_code: int = 0, owner: str = "", verbosity: int = NORMAL,
+                 state: bool = False, command_hash: str | None = None,
+                 require_same_command: bool = False,
+                 max_clock_skew: float = DEFAULT_MAX_CLOCK_SKEW,
+                 notifier: Notifier | None = None, output_tail: int = OUTPUT_TAIL,
+                 log_format: str = "text", context: dict[str, object] | None = None) -> None:
+        self.kill_after = kill_after
+        self.timeout = timeout
+        self.skipped_exit_code = skipped_exit_code
+        self.owner = owner or default_owner()
+        self.verbosity = verbosity
+        self.state = state  # --state: hand the job's watermark to the command and take it back
+        self.command_hash = command_hash  # what ran: drift reports, --require-same-command
+        self.require_same_command = require_same_command  # refuse (exit 2) another command
+        self.max_clock_skew = max_clock_skew  # refuse (exit 75) a host clock this far off
+        self.notifier = notifier  # --ping and --on-* hooks
+        self.output_tail = output_tail  # bytes of the command's output kept (0: off)
+        self.log_format = log_format  # or "json": one object a line, for log shippers
+        self.context = {} if context is None else context  # job, period, attempt: for logs
 
 
 def default_owner() -> str:
@@ -129,13 +132,15 @@ def refuse_future(period: Period, option: str, now: datetime | None = None) -> N
                          f"--allow-future runs it anyway")
 
 
-@dataclass(frozen=True)
-class Result:
+class Result(Frozen):
     """What became of one period: its outcome (ONCE_OUTCOME's words) and once's exit status."""
 
     outcome: outcomes.Result
     status: int
-    output: bytes | None = None  # the tail of the command's output (None: not captured)
+    output: bytes | None  # the tail of the command's output (None: not captured)
+
+    def __init__(self, outcome: outcomes.Result, status: int, output: bytes | None = None) -> None:
+        self._set(outcome=outcome, status=status, output=output)
 
     @property
     def ran(self) -> bool:

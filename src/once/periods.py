@@ -49,11 +49,11 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from once import limits
+from once.frozen import Frozen
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ZERO = timedelta(0)
@@ -67,11 +67,13 @@ class SpecError(ValueError):
     """A bad spec, zone, key, time or duration; the message is one line for the user."""
 
 
-@dataclass(frozen=True)
-class Period:
+class Period(Frozen):
     key: str  # the ledger's key
     start: datetime  # aware, in the schedule's zone
     end: datetime  # exclusive: the next period's start
+
+    def __init__(self, key: str, start: datetime, end: datetime) -> None:
+        self._set(key=key, start=start, end=end)
 
 
 def zone(name: str) -> ZoneInfo:
@@ -100,14 +102,14 @@ def _clock_key(start: datetime) -> str:
     return start.isoformat(timespec="seconds" if start.second else "minutes")
 
 
-_CLOCK_KEY = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}(:[0-9]{2})?"
-    r"[+-][0-9]{2}:[0-9]{2}(:[0-9]{2})?"
-)
+# Patterns that only a key given by hand needs are left to re's cache, compiled on first use
+# (not at import, which every cron fire pays).
+_CLOCK_KEY = (r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}(:[0-9]{2})?"
+              r"[+-][0-9]{2}:[0-9]{2}(:[0-9]{2})?")
 
 
 def _clock_key_instant(key: str) -> datetime | None:
-    if not _CLOCK_KEY.fullmatch(key):
+    if not re.fullmatch(_CLOCK_KEY, key):
         return None
     return utc_instant(datetime.fromisoformat(key))
 
@@ -324,11 +326,11 @@ class _Clock(Schedule):
 _MONTHS = {"month": 1, "quarter": 3, "year": 12}
 _DAYS = {"day": 1, "week": 7}
 _CALENDAR_KEYS = {
-    "day": re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})"),
-    "week": re.compile(r"([0-9]{4})-W([0-9]{2})"),
-    "month": re.compile(r"([0-9]{4})-([0-9]{2})"),
-    "quarter": re.compile(r"([0-9]{4})-Q([0-9])"),
-    "year": re.compile(r"([0-9]{4})"),
+    "day": r"([0-9]{4})-([0-9]{2})-([0-9]{2})",
+    "week": r"([0-9]{4})-W([0-9]{2})",
+    "month": r"([0-9]{4})-([0-9]{2})",
+    "quarter": r"([0-9]{4})-Q([0-9])",
+    "year": r"([0-9]{4})",
 }
 
 
@@ -387,7 +389,7 @@ class _Calendar(Schedule):
         return f"{first.year:04d}"
 
     def _key_instant(self, key: str) -> datetime | None:
-        match = _CALENDAR_KEYS[self.spec].fullmatch(key)
+        match = re.fullmatch(_CALENDAR_KEYS[self.spec], key)
         if match is None:
             return None
         year, *rest = (int(group) for group in match.groups())

@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 MAX_LINES = 500
 
 # Modules that hold no rule of the tool: what they may import is not a layering question.
-LEAVES = {"once.limits", "once.escape", "once.outcomes", "once.deadlines"}
+LEAVES = {"once.limits", "once.escape", "once.outcomes", "once.deadlines", "once.frozen"}
 DRIVERS = {"sqlite3", "psycopg", "pymysql"}
 # What a report or once serve may take from SQLAlchemy outside once.ledger: connections and
 # their errors, never a statement builder (select, insert, text, func...).
@@ -91,9 +91,9 @@ def test_the_graph_is_read() -> None:
 
 @pytest.mark.parametrize("module", ["once.periods", "once.cron"])
 def test_time_is_pure(module: str) -> None:
-    # Periods and cron: the stdlib, zoneinfo, cronsim and the input limits, nothing of once
-    # that knows a database, a process or a terminal.
-    allowed = {"once.periods", "once.cron", "once.limits"}
+    # Periods and cron: the stdlib, zoneinfo, cronsim, the input limits and the records' base,
+    # nothing of once that knows a database, a process or a terminal.
+    allowed = {"once.periods", "once.cron", "once.limits", "once.frozen"}
     assert _once_imports(module) <= allowed
     third_party = {i.module.split(".")[0] for i in imports(module)} - {"once"}
     assert not third_party & {"sqlalchemy", "rich", "click", *DRIVERS}

@@ -2,18 +2,18 @@
 (`LedgerError`, `ClockSkew`, `CommandDrift`), and the rules that read a driver's exception
 (transient or not, a busy server, a table or column not created yet), for every dialect.
 
-Imports only the stdlib and once.outcomes (the words of a status): the rules look at an
-exception's class names, SQLSTATE, error code or text, never at a driver's classes, so that no
-driver is loaded to classify its errors.
+Imports only the stdlib, once.outcomes (the words of a status) and once.frozen: the rules
+look at an exception's class names, SQLSTATE, error code or text, never at a driver's classes,
+so that no driver is loaded to classify its errors.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from once import outcomes
+from once.frozen import Frozen
 from once.outcomes import Skip
 
 # The ledger's schema version (once_meta), which once.ledger.schema creates and upgrades to.
@@ -31,33 +31,43 @@ def from_db_time(value: datetime) -> datetime:
 # -- what the ledger answers -----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(Frozen):
     """A job as `once run` sees it: its stored name and the schedule it last ran with."""
 
     name: str
     kind: str  # "every" or "cron"
     schedule: str
     tz: str
-    lag: int = 0
-    max_attempts: int = 3
-    stale_after: float = 300.0
-    shards: int = 1
+    lag: int
+    max_attempts: int
+    stale_after: float
+    shards: int
+
+    def __init__(self, name: str, kind: str, schedule: str, tz: str, lag: int = 0,
+                 max_attempts: int = 3, stale_after: float = 300.0, shards: int = 1) -> None:
+        self._set(name=name, kind=kind, schedule=schedule, tz=tz, lag=lag,
+                  max_attempts=max_attempts, stale_after=stale_after, shards=shards)
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(Frozen):
     """The answer to a claim: won (attempt and fence are ours) or skipped, and why."""
 
     won: bool
     attempt: int
     fence: int
-    status: str = "running"  # skipped: the row's status as found
-    owner: str = ""  # skipped: who holds it
-    heartbeat_age: float | None = None  # skipped: seconds since its last heartbeat
-    state: str | None = None  # won: the job's watermark as the claim found it
-    state_version: int = 0  # won: its version, for the compare-and-set of the finish
-    stale_after: float | None = None  # skipped: the holder's own --stale-after (its promise)
+    status: str  # skipped: the row's status as found
+    owner: str  # skipped: who holds it
+    heartbeat_age: float | None  # skipped: seconds since its last heartbeat
+    state: str | None  # won: the job's watermark as the claim found it
+    state_version: int  # won: its version, for the compare-and-set of the finish
+    stale_after: float | None  # skipped: the holder's own --stale-after (its promise)
+
+    def __init__(self, won: bool, attempt: int, fence: int, status: str = "running",
+                 owner: str = "", heartbeat_age: float | None = None, state: str | None = None,
+                 state_version: int = 0, stale_after: float | None = None) -> None:
+        self._set(won=won, attempt=attempt, fence=fence, status=status, owner=owner,
+                  heartbeat_age=heartbeat_age, state=state, state_version=state_version,
+                  stale_after=stale_after)
 
     @property
     def skip_reason(self) -> Skip:

@@ -1,8 +1,9 @@
 """Where the ledger lives: a --db URL read into a `Target`, its secrets redacted, and the
 embedded default (a private SQLite file under $XDG_STATE_HOME/once/).
 
-Imports only the stdlib and once.limits: parse_url runs on every fire, and a bad URL is a
-usage error (exit 2) before any driver is loaded.
+Imports only the stdlib, once.limits and once.frozen: parse_url runs on every fire, and a bad
+URL is a usage error (exit 2) before any driver is loaded. urllib.parse (and the ipaddress
+module it loads) is imported only for a URL with a host: a SQLite path has none to check.
 """
 
 from __future__ import annotations
@@ -10,11 +11,10 @@ from __future__ import annotations
 import os
 import re
 from contextlib import suppress
-from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 from once import limits
+from once.frozen import Frozen
 
 Dialect = Literal["sqlite", "postgresql", "mysql"]
 
@@ -23,15 +23,19 @@ class UrlError(limits.InputError):
     """A --db URL that names no ledger once can use (a usage error, exit 2)."""
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(Frozen):
     """A parsed --db URL: which driver, how to connect, and how to name it in messages."""
 
     dialect: Dialect
     url: str
     redacted: str
-    connect_args: dict[str, Any] = field(default_factory=dict)
-    path: str = ""  # SQLite only
+    connect_args: dict[str, Any]
+    path: str  # SQLite only
+
+    def __init__(self, dialect: Dialect, url: str, redacted: str,
+                 connect_args: dict[str, Any] | None = None, path: str = "") -> None:
+        self._set(dialect=dialect, url=url, redacted=redacted,
+                  connect_args={} if connect_args is None else connect_args, path=path)
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -72,6 +76,10 @@ def parse_url(url: str, password: str | None = None) -> Target:
                        f"bytes that are not UTF-8")
     if "://" not in url:
         raise UrlError(f"bad --db URL '{url}': expected sqlite:///PATH, postgresql://… or mysql://…")
+    if base == "sqlite" and url.partition("://")[2].startswith("/"):
+        return _sqlite_target(url)  # sqlite:///PATH: no host that urlsplit could refuse
+    from urllib.parse import urlsplit
+
     try:
         parts = urlsplit(url)
     except ValueError as exc:  # [::1 without its bracket, [zz]: the host is malformed
@@ -105,8 +113,10 @@ def redact(url: str) -> str:
     """The URL with its password replaced by ***, in the user part and in the query
     (`?password=`, as libpq and PyMySQL take it); safe for any output, even a URL that
     urlsplit cannot read."""
+    from urllib.parse import urlsplit
+
     # The query's secrets, whatever else the URL holds (before and after a fragment alike).
-    url = _QUERY_SECRET.sub(r"\1***", url)
+    url = re.sub(_QUERY_SECRET, r"\1***", url, flags=re.IGNORECASE)
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -118,15 +128,20 @@ def redact(url: str) -> str:
     return parts._replace(netloc=f"{user}:***@{hostinfo}").geturl()
 
 
-# A secret given as a query parameter: libpq's password and sslpassword, PyMySQL's passwd.
-_QUERY_SECRET = re.compile(r"([?&](?:password|passwd|sslpassword)=)[^&#]*", re.IGNORECASE)
+# A secret given as a query parameter: libpq's password and sslpassword, PyMySQL's passwd
+# (compiled by re on first use: a SQLite URL never needs it).
+_QUERY_SECRET = r"([?&](?:password|passwd|sslpassword)=)[^&#]*"
 
 
 def _sqlite_target(url: str) -> Target:
     path = url.partition("://")[2]
     if not path.startswith("/"):
         raise UrlError(f"bad SQLite URL '{url}': write sqlite:///relative/path or sqlite:////abs")
-    path = unquote(path[1:].partition("?")[0])
+    path = path[1:].partition("?")[0]
+    if "%" in path:  # else unquote would hand it back as it is
+        from urllib.parse import unquote
+
+        path = unquote(path)
     if not path:
         raise UrlError(f"bad SQLite URL '{url}': no file named")
     return Target("sqlite", url, url, path=path)
@@ -159,6 +174,8 @@ def _check_mysql_query(query: dict[str, str], url: str) -> None:
 
 
 def _mysql_target(url: str, password: str | None) -> Target:
+    from urllib.parse import parse_qsl, unquote, urlsplit
+
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query))
     unknown = set(query) - _MYSQL_PARAMS
