@@ -18,6 +18,7 @@
 
 `BENCH_ONLY=noop` runs row 1 alone (no-op `once run` against the bare script, SQLite and
 PostgreSQL), without the 50-at-once line.
+`BENCH_ONLY=reports` runs the report rows (6) alone, `BENCH_SKIP_REPORTS=1` all but them.
 
 Each figure is printed beside its goal, with "ok" or "OVER GOAL".
 
@@ -240,6 +241,9 @@ def main() -> None:
 
         if os.environ.get("BENCH_ONLY") == "output":
             output.run(f"sqlite:///{db}")
+            return
+        if os.environ.get("BENCH_ONLY") == "reports":
+            reports(directory, postgres_url())
             return
         noop = os.environ.get("BENCH_ONLY") == "noop"
         compare("sqlite", f"sqlite:///{db}", bare_script("sqlite", directory), str(db), 1.3,

@@ -100,3 +100,15 @@ def seed_ledger(url: str, sched: object, shards: int, first: Period,
                  "finished_at": None if status == "running" else old, "exit_code": 0}
                 for key, (p, status) in rows.items()])
     eng.dispose()
+
+
+def test_fixed_zones_have_no_offset_changes_to_probe() -> None:
+    # gaps skips probing the zones tzdata gives one offset for all time: check that the probe
+    # would have found none, over the years a ledger plausibly spans.
+    from zoneinfo import ZoneInfo, available_timezones
+
+    fixed = sorted(k for k in available_timezones() if gaps._fixed(ZoneInfo(k)))
+    assert "UTC" in fixed and "Etc/GMT-14" in fixed and "Europe/London" not in fixed
+    for key in fixed:
+        for year in (2, 1970, 1999, 2026, 2037):
+            assert gaps._changes_in_year(ZoneInfo(key), year) == (), (key, year)
