@@ -32,11 +32,10 @@ import re
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from functools import lru_cache
 from itertools import pairwise
 from typing import Protocol
-from zoneinfo import ZoneInfo
 
 from once.periods import Period, Schedule, utc_instant
 from once.stored import shard_keys
@@ -107,7 +106,7 @@ def _month_index(key: str, spec: str) -> int:
     return year * 12 + int(key[5:7]) - 1
 
 
-def _boundaries(tz: ZoneInfo, start: datetime, end: datetime, unit: int, phase: int,
+def _boundaries(tz: tzinfo, start: datetime, end: datetime, unit: int, phase: int,
                 calendar: bool) -> int:
     """Period starts in [start, end) for a local-clock grid (start is itself one)."""
 
@@ -130,7 +129,7 @@ def _boundaries(tz: ZoneInfo, start: datetime, end: datetime, unit: int, phase: 
     return total + multiples(_us(at) + offset, _us(end) + offset)
 
 
-def changes(tz: ZoneInfo, start: datetime, end: datetime) -> list[tuple[datetime, int, int]]:
+def changes(tz: tzinfo, start: datetime, end: datetime) -> list[tuple[datetime, int, int]]:
     """The zone's UTC offset changes in [start, end): (instant, offset before, offset after),
     offsets in microseconds."""
     if _fixed(tz):
@@ -153,7 +152,7 @@ def _fixed(tz: ZoneInfo) -> bool:
 
 
 @lru_cache(maxsize=4096)
-def _changes_in_year(tz: ZoneInfo, year: int) -> tuple[tuple[datetime, int, int], ...]:
+def _changes_in_year(tz: tzinfo, year: int) -> tuple[tuple[datetime, int, int], ...]:
     """The offset changes in one UTC year, found by probing each UTC midnight."""
     begin = datetime(year, 1, 1, tzinfo=UTC)
     try:
@@ -180,7 +179,7 @@ def _changes_in_year(tz: ZoneInfo, year: int) -> tuple[tuple[datetime, int, int]
     return tuple(found)
 
 
-def _switch(tz: ZoneInfo, lo: datetime, hi: datetime, before: int) -> datetime:
+def _switch(tz: tzinfo, lo: datetime, hi: datetime, before: int) -> datetime:
     """The first whole second in (lo, hi] whose offset differs from `before` (lo's)."""
     a, b = (lo - _EPOCH) // _SECOND, (hi - _EPOCH) // _SECOND
     while b - a > 1:
@@ -192,7 +191,7 @@ def _switch(tz: ZoneInfo, lo: datetime, hi: datetime, before: int) -> datetime:
     return _EPOCH + b * _SECOND
 
 
-def _offset_us(tz: ZoneInfo, instant: datetime) -> int:
+def _offset_us(tz: tzinfo, instant: datetime) -> int:
     offset = instant.astimezone(tz).utcoffset()
     return (offset // _US) if offset is not None else 0
 

@@ -49,8 +49,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from datetime import UTC, date, datetime, timedelta
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from datetime import UTC, date, datetime, timedelta, tzinfo
 
 from once import limits
 from once.frozen import Frozen
@@ -76,7 +75,14 @@ class Period(Frozen):
         self._set(key=key, start=start, end=end)
 
 
-def zone(name: str) -> ZoneInfo:
+def zone(name: str) -> tzinfo:
+    """The IANA zone `name`. UTC, the default, is datetime's own: the same offset (zero) at every
+    instant, so the same periods and keys, without importing zoneinfo (and the sysconfig it
+    loads to find the zone files) on every fire of a job that runs in UTC."""
+    if name == "UTC":
+        return UTC
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
@@ -119,7 +125,7 @@ class Schedule(ABC):
 
     kind: str  # "every" or "cron"
     spec: str  # "day", "15m", or the cron expression as given
-    tz: ZoneInfo
+    tz: tzinfo  # zone(tz_name)
     tz_name: str  # the IANA name as given
 
     def __init__(self, spec: str, tz_name: str) -> None:
@@ -231,7 +237,7 @@ class Schedule(ABC):
     # -- the zone's clock: everything in UTC, since local wall times repeat and skip -------
 
     def _offset(self, instant: datetime) -> timedelta:
-        return instant.astimezone(self.tz).utcoffset() or _ZERO  # ZoneInfo always has one
+        return instant.astimezone(self.tz).utcoffset() or _ZERO  # a zone always has one
 
     def _first_instant(self, wall: datetime) -> datetime:
         """The first instant at which the local clock reads `wall` (naive) or later."""

@@ -15,10 +15,11 @@ from helpers import run_once
 FORBIDDEN = ("sqlalchemy", "rich", "once.report", "once.commands", "once.gaps",
              "once.ledger.schema", "once.ledger.prune", "once.ledger.queries",
              "once.ledger.engines", "once.progress", "once._docs", "once.serve", "http.server")
-# Nor, on a skip against SQLite, what only a won claim, a ping or a host in the URL needs
-# (psycopg loads these itself): @dataclass compiles its methods on every import.
-SKIP_FORBIDDEN = ("dataclasses", "urllib.parse", "ipaddress", "once.runner", "once.lease",
-                  "once.attempt", "once.notify", "subprocess")
+# Nor, on a skip against SQLite, what only a won claim, a ping, a host in the URL or a zone
+# other than UTC needs (psycopg loads some of these itself): @dataclass compiles its methods
+# on every import, zoneinfo loads sysconfig.
+SKIP_FORBIDDEN = ("dataclasses", "urllib.parse", "ipaddress", "zoneinfo", "sysconfig",
+                  "once.runner", "once.lease", "once.attempt", "once.notify", "subprocess")
 
 # Runs once's entry point like the installed script, and writes the modules it loaded.
 _PROBE = ("import atexit, sys\n"

@@ -188,3 +188,22 @@ def test_instants_before_1990_do_not_crash() -> None:
                 assert utc(period.start) <= instant < utc(period.end)
                 assert utc(schedule.next(period).start) == utc(period.end)
                 assert schedule.from_key(period.key) == period
+
+
+@settings(max_examples=300, deadline=None)
+@given(instant=st.datetimes(min_value=datetime(1990, 1, 1), max_value=datetime(2037, 12, 31),
+                            timezones=st.just(UTC)),
+       spec=st.sampled_from([*CLOCK, *CALENDAR, *CRON]))
+def test_utc_without_zoneinfo_cuts_the_same_periods(instant: datetime, spec: str) -> None:
+    # zone("UTC") is datetime.UTC (no zoneinfo import on a UTC fire): the same periods, keys
+    # and instants as the zone file's UTC.
+    fast = periods.schedule(None, spec, "UTC") if " " in spec else periods.every(spec, "UTC")
+    assert fast.tz is UTC
+    slow = periods.schedule(None, spec, "UTC") if " " in spec else periods.every(spec, "UTC")
+    slow.tz = zoneinfo.ZoneInfo("UTC")  # as zone("UTC") was, before anything is computed
+    got, want = fast.containing(instant), slow.containing(instant)
+    assert got == want and got.key == want.key
+    assert (got.start.isoformat(), got.end.isoformat()) == (want.start.isoformat(),
+                                                            want.end.isoformat())
+    assert fast.from_key(got.key) == slow.from_key(want.key) == got
+    assert fast.previous(got) == slow.previous(want)
