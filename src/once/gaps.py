@@ -146,7 +146,9 @@ def changes(tz: tzinfo, start: datetime, end: datetime) -> list[tuple[datetime, 
 _FIXED = {"UTC", "GMT", "UCT", "Universal", "Zulu", "Greenwich", "GMT0", "GMT+0", "GMT-0"}
 
 
-def _fixed(tz: ZoneInfo) -> bool:
+def _fixed(tz: tzinfo) -> bool:
+    if tz is UTC:  # periods.zone("UTC"): datetime's own
+        return True
     key = getattr(tz, "key", None) or ""
     return key in _FIXED or key.startswith("Etc/")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from once import gaps, report
+from once import gaps, periods, report
 from once.ledger import parse_url, schema
 from once.periods import Period, schedule
 from once.stored import shard_keys
@@ -109,6 +109,7 @@ def test_fixed_zones_have_no_offset_changes_to_probe() -> None:
 
     fixed = sorted(k for k in available_timezones() if gaps._fixed(ZoneInfo(k)))
     assert "UTC" in fixed and "Etc/GMT-14" in fixed and "Europe/London" not in fixed
+    assert gaps._fixed(periods.zone("UTC"))  # datetime.UTC, not the zone file
     for key in fixed:
         for year in (2, 1970, 1999, 2026, 2037):
             assert gaps._changes_in_year(ZoneInfo(key), year) == (), (key, year)
