@@ -581,3 +581,53 @@ def test_a_sharded_period_is_done_only_when_every_shard_is(once_env: dict[str, s
                                         f"CRITICAL sh {day(-1)}#0 missing",
                                         f"CRITICAL sh {day(-1)}#1 missing",
                                         f"CRITICAL sh {day(-1)}#2 missing"]
+
+
+# -- many rows: the counts and the gap finder, on every backend ------------------------------
+
+
+def test_check_finds_every_gap_among_many_rows(once_env: dict[str, str], ledger_url: str
+                                               ) -> None:
+    # 3,000 hourly periods of a job in Berlin (DST changes inside), done but for: one missing
+    # period, a stretch of 15, one before the last; a failed period and a stale attempt, which
+    # are no gap. once check, status and metrics find exactly those (the counts per stretch,
+    # the search down to each gap, the search back to the last one).
+    sched = schedule("hour", None, "Europe/Berlin")
+    assert once(once_env, "run", "--job", "big", "--every", "hour", "--tz", "Europe/Berlin",
+                "--", "true").returncode == 0
+    current = sched.containing(datetime.now(UTC))
+    periods = [sched.previous(current)]
+    while len(periods) < 3000:
+        periods.append(sched.previous(periods[-1]))
+    periods.reverse()  # oldest first; the current period is done by the run above
+    gone = {100, *range(1700, 1715), 2998}
+    insert_done(ledger_url, "big", [p for i, p in enumerate(periods) if i not in gone])
+    query(ledger_url, placeholders("UPDATE once_jobs SET first_period_start = ? WHERE job = ?",
+                                   ledger_url), (db_time(ledger_url, periods[0].start), "big"))
+    query(ledger_url, placeholders("UPDATE once_runs SET status = 'failed', exit_code = 3 "
+                                   "WHERE job = ? AND period = ?", ledger_url),
+          ("big", periods[500].key))
+    set_running(ledger_url, "big", periods[2500].key, datetime.now(UTC) - timedelta(hours=2))
+    missing = [periods[i].key for i in sorted(gone)]
+
+    result = once(once_env, "check", "--json")
+    assert result.returncode == 2, result.stderr
+    found = json.loads(result.stdout)
+    listed = sorted(gone)  # one line each for the first ten, then one for the rest
+    expected = sorted([*((i, periods[i].key, "missing") for i in listed[:10]),
+                       (listed[10], f"{missing[10]}..{missing[-1]}", "missing"),
+                       (500, periods[500].key, "failed"), (2500, periods[2500].key, "stale")])
+    assert [(f["period"], f["problem"]) for f in found] == [(k, p) for _, k, p in expected]
+    assert [f["count"] for f in found if ".." in f["period"]] == [len(missing) - 10]
+    (state,) = status_json(once_env)
+    assert state["missing"] == len(missing) + 1  # the stale attempt's period too
+    assert state["missing_periods"] == [periods[i].key for i in sorted({*gone, 2500})][:10]
+    assert state["missing_last"] == missing[-1]
+    metrics = once(once_env, "metrics").stdout
+    assert f'once_missing_periods{{once_job="big"}} {len(missing) + 1}' in metrics
+
+    insert_done(ledger_url, "big", [periods[i] for i in sorted(gone)])
+    query(ledger_url, placeholders("UPDATE once_runs SET status = 'done' WHERE job = ?",
+                                   ledger_url), ("big",))
+    code, lines = check_lines(once_env)
+    assert (code, lines) == (0, [f"OK 1 job: every due period done ({ledger(once_env)})"])

@@ -63,3 +63,33 @@ def test_a_newer_ledger_is_refused(once_env: dict[str, str], ledger_url: str) ->
     result = run_once("run", "--job", "x", "--every", "day", "--", "true", env=once_env)
     assert result.returncode == 75
     assert "newer than this once knows" in result.stderr
+
+
+def _indexes(url: str) -> set[str]:
+    if url.startswith("sqlite"):
+        sql = "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'once_runs'"
+    elif url.startswith("postgres"):
+        sql = "SELECT indexname FROM pg_indexes WHERE tablename = 'once_runs'" \
+              " AND schemaname = current_schema()"
+    else:
+        sql = "SELECT DISTINCT index_name FROM information_schema.statistics" \
+              " WHERE table_name = 'once_runs' AND table_schema = DATABASE()"
+    return {row[0] for row in query(url, sql)}
+
+
+def test_the_done_rows_index_is_postgresqls_and_once_schema_adds_it(
+        once_env: dict[str, str], ledger_url: str) -> None:
+    # The reports count done rows through once_runs_done_start on PostgreSQL (a partial index);
+    # SQLite and MySQL have none. A ledger made before it gets it from `once schema`.
+    assert run_once("run", "--job", "j", "--every", "day", "--", "true",
+                    env=once_env).returncode == 0
+    postgres = ledger_url.startswith("postgres")
+    assert ("once_runs_done_start" in _indexes(ledger_url)) is postgres
+    assert "once_runs_job_status_start" in _indexes(ledger_url)
+    if not postgres:
+        return
+    query(ledger_url, "DROP INDEX once_runs_done_start")
+    assert run_once("schema", env=once_env).returncode == 0
+    assert "once_runs_done_start" in _indexes(ledger_url)
+    sql = run_once("schema", "--sql", env=once_env).stdout
+    assert "once_runs_done_start ON once_runs (job, period_start) WHERE status = 'done'" in sql

@@ -93,6 +93,12 @@ runs = Table(
     Index("once_runs_job_status_start", "job", "status", "period_start"),
     **_INNODB,
 )
+# PostgreSQL only: the same count from an index of the done rows alone (partial), a third
+# narrower and with one key less to compare per row, which its planner prefers: `once check`
+# counts a million of them. SQLite's planner keeps to the index above; MySQL has no partial
+# indexes. Optional for every read: `once schema` adds it to a ledger made before it.
+Index("once_runs_done_start", runs.c.job, runs.c.period_start,
+      postgresql_where=runs.c.status == "done").ddl_if(dialect="postgresql")
 
 attempts = Table(
     "once_attempts", metadata,
@@ -156,7 +162,9 @@ def ddl(dialect: str) -> Iterator[str]:
     for table in metadata.sorted_tables:
         yield str(CreateTable(table, if_not_exists=True).compile(dialect=target)).strip()
         for index in sorted(table.indexes, key=lambda i: str(i.name)):
-            yield str(CreateIndex(index, if_not_exists=True).compile(dialect=target)).strip()
+            only = index._ddl_if.dialect if index._ddl_if else None
+            if only is None or dialect in ((only,) if isinstance(only, str) else only):
+                yield str(CreateIndex(index, if_not_exists=True).compile(dialect=target)).strip()
 
 
 # SQLAlchemy logs what fails while it gives a connection back (the rollback of one the server
