@@ -274,6 +274,7 @@ REPORT_PERIODS = int(os.environ.get("BENCH_REPORT_PERIODS", "10000"))
 REPORT_SCHEDULES = [("hour", "Europe/Berlin"), ("day", "UTC"), ("15m", "America/New_York"),
                     ("minute", "UTC")]
 REPORT_GOAL = 0.5  # seconds, wall time of the whole command
+REPORT_ROUNDS = int(os.environ.get("BENCH_REPORT_ROUNDS", "7"))  # runs per command (median)
 
 
 def reports(directory: Path, pg: str) -> None:
@@ -283,7 +284,7 @@ def reports(directory: Path, pg: str) -> None:
 
     jobs, runs = report_rows(datetime.now(UTC))
     print(f"reports: {len(jobs)} jobs, {len(runs)} rows in once_runs and once_attempts, "
-          f"median of 3 wall times per command")
+          f"median of {REPORT_ROUNDS} wall times per command")
     sqlite_url = f"sqlite:///{directory / 'reports.db'}"
     seed_sqlite(sqlite_url, jobs, runs)
     time_reports("sqlite", sqlite_url)
@@ -411,14 +412,15 @@ def seed_postgres(url: str, jobs: list[tuple[object, ...]],
 
 
 def time_reports(name: str, url: str) -> None:
-    """Median wall time of 3 runs per command, and its CPU time (user + sys of the process:
-    what the wall time would be on an idle machine, the database server's share aside)."""
+    """Median wall time of REPORT_ROUNDS runs per command, and its CPU time (user + sys of
+    the process: what the wall time would be on an idle machine, the database server's share
+    aside)."""
     import resource
 
     env = {**os.environ, "ONCE_DATABASE_URL": url}
     for command in ("status", "check", "metrics"):
         times = []
-        for _ in range(3):
+        for _ in range(REPORT_ROUNDS):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
             result = subprocess.run([ONCE, command], env=env, capture_output=True)
@@ -429,7 +431,7 @@ def time_reports(name: str, url: str) -> None:
             if result.returncode not in (0, 1, 2):
                 raise SystemExit(f"bench: once {command} failed: "
                                  f"{result.stderr.decode().strip()}")
-        wall, cpu = sorted(times)[1]
+        wall, cpu = sorted(times)[len(times) // 2]
         goal = "" if command == "metrics" else (
             f"(goal <= {REPORT_GOAL:g} s)  {'ok' if wall <= REPORT_GOAL else 'OVER GOAL'}")
         print(f"{name:<11} once {command:<8} {wall * 1000:6.0f} ms wall  {cpu * 1000:6.0f} ms cpu"
