@@ -128,22 +128,40 @@ def _start(command: list[str], env: dict[str, str], stdio: dict[int, int], guard
     its cost (a millisecond a command, paid per period by a catch-up): stdout and stderr
     redirected, every other descriptor of ours closed, SIGKILL when the guard dies (the
     guard may already have), PATH searched in the command's environment (os.execvpe, as
-    subprocess does). Handlers set by the guard reset to default on exec; nothing is blocked,
-    and only what was ignored when once started stays ignored. The guard has no threads (it
-    is a fork of one), so the child may run Python until its exec.
+    subprocess does). Only what was ignored when once started stays ignored, and nothing is
+    blocked. The guard has no threads (it is a fork of one), so the child may run Python
+    until its exec (and Python's at-fork handlers do, harmlessly).
+
+    A signal the wrapper forwards while the child is on its way (the guard's own handler
+    would swallow it there) is held back by the mask until the child's handlers are the
+    command's, then delivered: the command does not start deaf to it.
     """
     errors_r, errors_w = _pipe_above_stdio()
-    pid = os.fork()
-    if pid == 0:
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    try:
+        pid = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        os.close(errors_r)
+        os.close(errors_w)
+        raise
+    if pid != 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    else:
         try:
             for target, fd in stdio.items():
-                os.dup2(fd, target)
+                if fd == target:  # dup2 would keep it close-on-exec
+                    os.set_inheritable(fd, True)
+                else:
+                    os.dup2(fd, target)
             _close_inherited(keep=errors_w)
-            for sig in _RESTORED:
-                signal.signal(sig, signal.SIG_DFL)
+            for sig in (*_RESTORED, *FORWARDED):
+                if sig in _RESTORED or signal.getsignal(sig) != signal.SIG_IGN:
+                    signal.signal(sig, signal.SIG_DFL)
             _set_parent_death_signal(signal.SIGKILL)
             if _PRCTL is not None and os.getppid() != guard:
                 os.kill(os.getpid(), signal.SIGKILL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.execvpe(command[0], command, env)
         except BaseException as exc:  # a bad name or value in the environment: ENOEXEC
             number = exc.errno if isinstance(exc, OSError) and exc.errno else errno.ENOEXEC

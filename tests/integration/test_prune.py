@@ -64,3 +64,16 @@ def test_prune_deletes_the_output_stored_with_the_attempts(once_env: dict[str, s
     # The latest done row stays (catch-up resumes from it); no attempt, no output is left.
     assert query(ledger_url, "SELECT count(*) FROM once_attempts") == [(0,)]
     assert run_once("logs", "talk", env=once_env).returncode == 2
+
+
+def test_prune_of_a_ledger_without_done_rows_keeps_everything(once_env: dict[str, str],
+                                                              ledger_url: str) -> None:
+    """Failed rows only, and periods since with no row (gaps): nothing can go, and prune says
+    so (it used to survey every job for an empty list of them, and fail on the first)."""
+    args = ["catchup", "--job", "f", "--every", "day", "--since", "2026-01-01", "--until",
+            "2026-01-03", "--keep-going", "-q", "--", "false"]
+    assert run_once(*args, env=once_env).returncode == 1
+    result = run_once("prune", "--older-than", "1s", env=once_env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("deleted 0 done rows"), result.stdout
+    assert len(query(ledger_url, "SELECT * FROM once_runs")) == 3

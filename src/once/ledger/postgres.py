@@ -273,14 +273,17 @@ class _Watchdog:
 
     def _watch(self) -> None:
         with self._changed:
-            while True:
-                now = time.monotonic()
-                for token, (deadline, fd) in list(self._armed.items()):
-                    if deadline <= now:
-                        del self._armed[token]
-                        shut_down(fd)
-                deadlines = [deadline for deadline, _ in self._armed.values()]
-                self._changed.wait(min(deadlines) - now if deadlines else None)
+            try:
+                while True:
+                    now = time.monotonic()
+                    for token, (deadline, fd) in list(self._armed.items()):
+                        if deadline <= now:
+                            del self._armed[token]
+                            shut_down(fd)
+                    deadlines = [deadline for deadline, _ in self._armed.values()]
+                    self._changed.wait(min(deadlines) - now if deadlines else None)
+            finally:  # never left without a watcher: the next statement starts another
+                self._watching = False
 
 
 _WATCHDOG = _Watchdog()

@@ -48,7 +48,10 @@ def survey_jobs(snap: Snapshot, names: Sequence[str] | None, namespace: str | No
 
 def oldest_gaps(snap: Snapshot, names: list[str]) -> dict[str, datetime]:
     """Per named job with a due period that has no row: where the oldest such period starts
-    (`once prune` keeps every done row from there on, for the gap finder)."""
+    (`once prune` keeps every done row from there on, for the gap finder). No names: none
+    (job_rows reads every job for an empty list)."""
+    if not names:
+        return {}
     states = survey(snap, snap.job_rows(names, None), snap.db_now())
     return {s.name: s.no_row_listed[0][0] for s in states if s.no_row_listed}
 
