@@ -1,5 +1,6 @@
-"""The reports' reads, by name: every statement `once status`, `check`, `history`, `logs`,
-`metrics` and `once serve` send (SQLAlchemy Core over once.ledger.schema's tables).
+"""The reports' reads that go through SQLAlchemy, by name: what `once history`, `logs`,
+`metrics` and `once serve` send beyond the survey (SQLAlchemy Core over once.ledger.schema's
+tables). `once status` and `check`, and the survey everywhere, read through once.ledger.reads.
 
 Callers pass a connection and plain values and get rows or values back; they never build a
 statement (as procrastinate's named queries). Rows keep the stored column names; times come
@@ -11,31 +12,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
-from functools import cache
 from typing import Any
 
 from sqlalchemy import (
     Connection,
     and_,
-    bindparam,
     case,
     func,
-    literal_column,
-    or_,
     select,
     text,
-    union_all,
 )
-from sqlalchemy.sql import Executable
 
-from once.gaps import SPLIT
 from once.ledger import schema as tables
 from once.ledger.records import from_db_time, schema_missing
 from once.ledger.url import Target
 
 runs, attempts, jobs, meta = tables.runs, tables.attempts, tables.jobs, tables.meta
 
-CHUNK = 200  # jobs per COUNT statement (SQLite allows 500 terms in a compound SELECT)
 STATE_PERIOD = "(state)"  # the attempts' rows of `once state --set`: no attempt ran
 LAST_LINE_SCAN = 2000  # how much of the end of a stored output is read to find its last line
 
@@ -44,7 +37,6 @@ RUN_COLUMNS = (runs.c.job, runs.c.period, runs.c.status, runs.c.attempt, runs.c.
                runs.c.owner, runs.c.period_start, runs.c.period_end, runs.c.started_at,
                runs.c.heartbeat_at, runs.c.finished_at, runs.c.exit_code,
                runs.c.stale_after)
-_NEVER = datetime.min.replace(tzinfo=UTC)
 
 
 def is_missing_table(target: Target, exc: BaseException) -> bool:
@@ -112,59 +104,6 @@ def job_rows(conn: Connection, names: Sequence[str] | None,
     return sorted(conn.execute(query).all(), key=lambda r: r.job)
 
 
-def done_counts(conn: Connection, target: Target,
-                ranges: Sequence[tuple[str, datetime, datetime]]) -> list[int]:
-    """The done rows of each (job, a, b) whose period starts in [a, b): one COUNT over an index
-    range per job (once_runs_job_status_start), CHUNK jobs per statement."""
-    counts = [0] * len(ranges)
-    for offset in range(0, len(ranges), CHUNK):
-        chunk = ranges[offset:offset + CHUNK]
-        params: dict[str, Any] = {}
-        for i, (job, a, b) in enumerate(chunk):
-            params[f"j{i}"] = job
-            params[f"a{i}"], params[f"b{i}"] = bind(target, a), bind(target, b)
-        for i, n in conn.execute(_done_counts(len(chunk)), params).all():
-            counts[offset + int(i)] = int(n)
-    return counts
-
-
-@cache
-def _done_counts(size: int) -> Executable:
-    """done rows of job j_i in [a_i, b_i) for i < size: text, not a Core construct, since a
-    compound SELECT of CHUNK terms took SQLAlchemy a tenth of a second to compile, in every
-    report (a new process each time)."""
-    when = runs.c.period_start.type
-    sql = " UNION ALL ".join(
-        f"SELECT {i} AS i, count(*) AS n FROM once_runs WHERE job = :j{i} AND status = 'done'"
-        f" AND period_start >= :a{i} AND period_start < :b{i}" for i in range(size))
-    return text(sql).bindparams(*(bindparam(f"{edge}{i}", type_=when)
-                                  for i in range(size) for edge in "ab"))
-
-
-def open_rows(conn: Connection, names: Sequence[str]) -> Iterator[Any]:
-    """The running and failed rows of the jobs, by job and period start (RUN_COLUMNS; index
-    once_runs_job_status)."""
-    for chunk in chunks(names, 500):
-        query = select(*RUN_COLUMNS).where(runs.c.job.in_(chunk),
-                                           runs.c.status.in_(("running", "failed")))
-        yield from conn.execute(query.order_by(runs.c.job, runs.c.period_start))
-
-
-def last_done_rows(conn: Connection, names: Sequence[str]) -> Iterator[Any]:
-    """Each job's latest done row, by period start (RUN_COLUMNS): one index seek per job."""
-    latest = runs.alias("latest")
-    newest = (select(func.max(latest.c.period_start))
-              .where(latest.c.job == jobs.c.job, latest.c.status == "done")
-              .scalar_subquery())
-    for chunk in chunks(names, 500):
-        query = (select(*RUN_COLUMNS)
-                 .select_from(jobs.join(runs, and_(runs.c.job == jobs.c.job,
-                                                   runs.c.status == "done",
-                                                   runs.c.period_start == newest)))
-                 .where(jobs.c.job.in_(chunk)))
-        yield from conn.execute(query)
-
-
 def run_rows(conn: Connection, job: str, periods: Sequence[str]) -> Iterator[Any]:
     """The job's once_runs rows of these periods (RUN_COLUMNS)."""
     for chunk in chunks(sorted(periods), 500):
@@ -172,83 +111,7 @@ def run_rows(conn: Connection, job: str, periods: Sequence[str]) -> Iterator[Any
                                                            runs.c.period.in_(chunk)))
 
 
-def timeline_rows(conn: Connection, target: Target, job: str, lo: datetime,
-                  hi: datetime) -> Iterator[Any]:
-    """(period, status, heartbeat_at, stale_after) of the job's rows starting in [lo, hi)."""
-    query = select(runs.c.period, runs.c.status, runs.c.heartbeat_at,
-                   runs.c.stale_after).where(
-        runs.c.job == job, runs.c.period_start >= bind(target, lo),
-        runs.c.period_start < bind(target, hi))
-    yield from conn.execute(query)
-
-
 # -- once.gaps.Rows: one job's rows, for the gap finder -------------------------------------
-
-
-def split_done_counts(conn: Connection, target: Target, job: str,
-                      stretches: Sequence[tuple[datetime, datetime]]) -> list[int]:
-    """The job's done rows whose period starts in each [a, b) (at most SPLIT)."""
-    params: dict[str, Any] = {"job": job}
-    for i in range(SPLIT):
-        a, b = stretches[i] if i < len(stretches) else (_NEVER, _NEVER)
-        params[f"a{i}"], params[f"b{i}"] = bind(target, a), bind(target, b)
-    done: dict[Any, Any] = dict(conn.execute(_split_counts(), params).all())
-    return [int(done.get(i, 0)) for i in range(len(stretches))]
-
-
-@cache
-def _split_counts() -> Executable:
-    """Done rows of job in [a0, b0), ..., [a7, b7): one statement, built and compiled once."""
-    when = runs.c.period_start.type
-    return union_all(*[
-        select(literal_column(str(i)).label("i"), func.count().label("n")).where(
-            runs.c.job == bindparam("job"), runs.c.status == "done",
-            runs.c.period_start >= bindparam(f"a{i}", type_=when),
-            runs.c.period_start < bindparam(f"b{i}", type_=when))
-        for i in range(SPLIT)])
-
-
-def keys_at(conn: Connection, target: Target, job: str,
-            starts: Sequence[datetime]) -> dict[datetime, set[str]]:
-    """The keys of the job's rows, whatever their status, by period start (UTC)."""
-    found: dict[datetime, set[str]] = {}
-    for chunk in chunks([bind(target, x) for x in starts], 500):
-        keys = select(runs.c.period_start, runs.c.period).where(
-            runs.c.job == job, runs.c.period_start.in_(chunk))
-        for at, key in conn.execute(keys):
-            found.setdefault(from_db_time(at), set()).add(key)
-    return found
-
-
-def done_breaks(conn: Connection, target: Target, job: str, lo: datetime,
-                hi: datetime) -> tuple[datetime | None, list[tuple[datetime, datetime | None]]]:
-    """Over the job's done rows starting in [lo, hi), in order: the first one's start, and
-    (end, the next one's start or None) for each one not followed directly by another."""
-    in_range = and_(runs.c.job == job, runs.c.status == "done",
-                    runs.c.period_start >= bind(target, lo),
-                    runs.c.period_start < bind(target, hi))
-    following = func.lead(runs.c.period_start, type_=runs.c.period_start.type).over(
-        order_by=runs.c.period_start)
-    rows = (select(runs.c.period_start.label("s"), runs.c.period_end.label("e"),
-                   following.label("f"))
-            .where(in_range).subquery())
-    query = (select(rows.c.e, rows.c.f)
-             .where(or_(rows.c.f.is_(None), rows.c.f > rows.c.e))
-             .order_by(rows.c.s))
-    first = conn.execute(select(func.min(runs.c.period_start)).where(in_range)).scalar()
-    return (None if first is None else from_db_time(first),
-            [(from_db_time(e), None if f is None else from_db_time(f))
-             for e, f in conn.execute(query)])
-
-
-def short_starts(conn: Connection, target: Target, job: str, lo: datetime, hi: datetime,
-                 shards: int, limit: int) -> list[datetime]:
-    """Period starts in [lo, hi) with rows of the job, but fewer than shards (at most limit)."""
-    short = (select(runs.c.period_start)
-             .where(runs.c.job == job, runs.c.period_start >= bind(target, lo),
-                    runs.c.period_start < bind(target, hi))
-             .group_by(runs.c.period_start).having(func.count() < shards))
-    return [from_db_time(x) for x in conn.execute(short.limit(limit)).scalars()]
 
 
 # -- attempts --------------------------------------------------------------------------------
@@ -260,16 +123,6 @@ def _output_end(conn: Connection) -> Any:
     if conn.dialect.name == "sqlite":
         return func.substr(attempts.c.output, -LAST_LINE_SCAN)
     return func.right(attempts.c.output, LAST_LINE_SCAN)
-
-
-def failure_output_ends(conn: Connection,
-                        keys: Sequence[tuple[str, str, int]]) -> Iterator[Any]:
-    """(job, period, attempt, output_end) of these attempts: primary-key lookups."""
-    for chunk in chunks(keys, 100):
-        match = or_(*(and_(attempts.c.job == job, attempts.c.period == period,
-                           attempts.c.attempt == attempt) for job, period, attempt in chunk))
-        yield from conn.execute(select(attempts.c.job, attempts.c.period, attempts.c.attempt,
-                                       _output_end(conn).label("output_end")).where(match))
 
 
 def attempt_rows(conn: Connection, job: str, limit: int, period: str | None = None,
