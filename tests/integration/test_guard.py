@@ -285,3 +285,27 @@ def test_the_command_gets_stdio_alone_and_sigpipe_at_default(once_env: dict[str,
         mask = int(ignored.strip(), 16)
         assert not mask & (1 << (signal.SIGPIPE - 1)), tail
         assert not mask & (1 << (signal.SIGXFSZ - 1)), tail
+
+
+# The guard's child, between its fork and its exec, with a SIGTERM arriving right there (as a
+# forwarded one can): the guard's own handler, inherited by the fork, must not swallow it.
+_SIGNAL_IN_THE_WINDOW = """
+import os, signal, sys
+from once import guard
+signal.signal(signal.SIGTERM, guard._ignore)  # the guard's handler for a forwarded signal
+close = guard._close_inherited
+def close_and_signal(keep):
+    close(keep)
+    os.kill(os.getpid(), signal.SIGTERM)
+guard._close_inherited = close_and_signal
+pid = guard._start(["sh", "-c", "echo started"], dict(os.environ), {}, os.getpid())
+status = os.waitpid(pid, 0)[1]
+print(os.WTERMSIG(status) if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}")
+"""
+
+
+def test_a_signal_between_fork_and_exec_reaches_the_command() -> None:
+    result = subprocess.run([sys.executable, "-c", _SIGNAL_IN_THE_WINDOW],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{int(signal.SIGTERM)}\n"  # not "started": it never ran
