@@ -262,9 +262,12 @@ class _Watchdog:
             if not self._watching:
                 self._watching = True
                 threading.Thread(target=self._watch, daemon=True, name="once-watchdog").start()
+            deadline = time.monotonic() + seconds
+            earliest = min((armed for armed, _ in self._armed.values()), default=None)
             self._tokens += 1
-            self._armed[self._tokens] = (time.monotonic() + seconds, fd)
-            self._changed.notify()
+            self._armed[self._tokens] = (deadline, fd)
+            if earliest is None or deadline < earliest:  # else it wakes in time anyway
+                self._changed.notify()
             return self._tokens
 
     def disarm(self, token: int) -> None:
