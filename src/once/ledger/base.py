@@ -40,6 +40,7 @@ from once.ledger.records import (
     Job,
     LedgerError,
     busy_server,
+    db_time,
     describe,
     from_db_time,
     schema_missing,
@@ -375,8 +376,8 @@ class Ledger:
         raise NotImplementedError
 
     def _time(self, instant: datetime) -> Any:
-        """A period bound as the driver wants it: UTC."""
-        return instant.astimezone(UTC)
+        """A period bound as the dialect's column holds it (once.ledger.records.db_time)."""
+        return db_time(self.dialect, instant)
 
     # plumbing
 

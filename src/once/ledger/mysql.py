@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from datetime import UTC, datetime
 from typing import Any
 
 from once.ledger.base import Ledger
@@ -256,5 +255,3 @@ class MysqlLedger(Ledger):
                 self._conn.rollback()
             raise
 
-    def _time(self, instant: datetime) -> Any:
-        return instant.astimezone(UTC).replace(tzinfo=None)

@@ -24,6 +24,7 @@ from sqlalchemy import (
 )
 
 from once.ledger import schema as tables
+from once.ledger.reads import chunks
 from once.ledger.records import from_db_time, schema_missing
 from once.ledger.url import Target
 
@@ -50,12 +51,6 @@ def bind(target: Target, instant: datetime) -> datetime:
     """An instant as the dialect's column type wants it bound: UTC, naive outside PostgreSQL."""
     at = instant.astimezone(UTC)
     return at if target.dialect == "postgresql" else at.replace(tzinfo=None)
-
-
-def chunks(items: Sequence[Any], size: int) -> Iterator[list[Any]]:
-    items = list(items)
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
 
 
 # -- the session -------------------------------------------------------------------------------

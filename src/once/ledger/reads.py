@@ -18,16 +18,16 @@ connects; SQLAlchemy (once.ledger.schema) only to upgrade an older schema, as th
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from once.ledger.catchup import LedgerRows
 from once.ledger.records import (
     SCHEMA_VERSION,
     LedgerError,
+    db_time,
     describe,
     from_db_time,
     schema_missing,
@@ -160,7 +160,7 @@ class Snapshot:
         sql = JOBS.format(lag="`lag`" if self.dialect == "mysql" else "lag")
         if names:
             found: list[tuple[Any, ...]] = []
-            for chunk in _chunks(names, NAMES):
+            for chunk in chunks(names, NAMES):
                 found += self._read(f"{sql} WHERE job IN ({_marks(len(chunk))})",
                                     _named(chunk))
         else:
@@ -187,18 +187,18 @@ class Snapshot:
 
     def open_rows(self, names: Sequence[str]) -> list[Any]:
         """The running and failed rows of the jobs, by job and period start."""
-        return [row for chunk in _chunks(names, NAMES)
+        return [row for chunk in chunks(names, NAMES)
                 for row in self._runs(OPEN_ROWS.format(names=_marks(len(chunk))), _named(chunk))]
 
     def last_done_rows(self, names: Sequence[str]) -> list[Any]:
         """Each job's latest done row, by period start."""
-        return [row for chunk in _chunks(names, NAMES)
+        return [row for chunk in chunks(names, NAMES)
                 for row in self._runs(LAST_DONE.format(names=_marks(len(chunk))), _named(chunk))]
 
     def failure_output_ends(self, keys: Sequence[tuple[str, str, int]]) -> list[Any]:
         """(job, period, attempt, output_end) of these attempts: primary-key lookups."""
         found = []
-        for chunk in _chunks(keys, 100):
+        for chunk in chunks(keys, 100):
             match = " OR ".join(f"(job = %(j{i})s AND period = %(p{i})s AND attempt = %(a{i})s)"
                                 for i in range(len(chunk)))
             params = {f"{k}{i}": v for i, key in enumerate(chunk)
@@ -227,7 +227,10 @@ class Snapshot:
     def _read(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         try:
             if self.dialect == "sqlite":
-                return [tuple(r) for r in self.conn.execute(_sqlite(sql), params).fetchall()]
+                from once.ledger.sqlite import pyformat_to_named
+
+                return [tuple(r) for r in
+                        self.conn.execute(pyformat_to_named(sql), params).fetchall()]
             cur = self.conn.cursor()
             try:
                 cur.execute(sql, params)
@@ -243,13 +246,7 @@ class Snapshot:
                               f"{describe(exc)}") from exc
 
     def _time(self, instant: datetime) -> Any:
-        """An instant as the dialect's column holds it: UTC; naive outside PostgreSQL; on
-        SQLite the text SQLAlchemy writes (four-digit year, six fractional digits)."""
-        at = instant.astimezone(UTC)
-        if self.dialect == "postgresql":
-            return at
-        at = at.replace(tzinfo=None)
-        return at.isoformat(" ", "microseconds") if self.dialect == "sqlite" else at
+        return db_time(self.dialect, instant)
 
     def _from_db_time(self, value: Any) -> datetime:
         if isinstance(value, str):
@@ -338,7 +335,7 @@ def probe_sqlite(dbapi_conn: Any) -> None:
     dbapi_conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
 
 
-def _chunks(items: Sequence[Any], size: int) -> Iterator[list[Any]]:
+def chunks(items: Sequence[Any], size: int) -> Iterator[list[Any]]:
     items = list(items)
     for i in range(0, len(items), size):
         yield items[i:i + size]
@@ -352,6 +349,3 @@ def _named(names: Sequence[str]) -> dict[str, Any]:
     return {f"n{i}": name for i, name in enumerate(names)}
 
 
-def _sqlite(sql: str) -> str:
-    """%(name)s placeholders as sqlite3's :name, and %% as %."""
-    return re.sub(r"%\((\w+)\)s", r":\1", sql).replace("%%", "%")

@@ -22,6 +22,17 @@ from once.outcomes import Skip
 SCHEMA_VERSION = 4
 
 
+def db_time(dialect: str, instant: datetime) -> Any:
+    """An instant as the dialect's column holds it: UTC; naive outside PostgreSQL; on SQLite
+    the text SQLAlchemy writes, the year in four digits (strftime('%Y') gives '1' for the year
+    1, which no reader could parse and which sorts after 2026)."""
+    at = instant.astimezone(UTC)
+    if dialect == "postgresql":
+        return at
+    at = at.replace(tzinfo=None)
+    return at.isoformat(" ", "microseconds") if dialect == "sqlite" else at
+
+
 def from_db_time(value: datetime) -> datetime:
     """A time as a driver hands it back, as an aware UTC datetime: SQLite and MySQL give
     naive UTC, PostgreSQL an aware time in the session's zone."""

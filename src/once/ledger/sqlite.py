@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from once.ledger.base import Ledger
@@ -247,17 +247,12 @@ class SqliteLedger(Ledger):
                                          "now": now})
         return int(version)
 
-    def _time(self, instant: datetime) -> Any:
-        # As SQLAlchemy writes DateTime on SQLite, the year in four digits: strftime('%Y')
-        # gives '1' for the year 1, which no reader could parse and which sorts after 2026.
-        return instant.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
-
     def _from_db_time(self, value: Any) -> datetime:
         return super()._from_db_time(sqlite_time(value) if isinstance(value, str) else value)
 
     def _fetch(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         # The shared reads are written in the pyformat style; sqlite3 wants :name.
-        return [tuple(r) for r in self._conn.execute(_named(sql), params).fetchall()]
+        return [tuple(r) for r in self._conn.execute(pyformat_to_named(sql), params).fetchall()]
 
 
 def sqlite_time(text: str) -> datetime:
@@ -268,9 +263,10 @@ def sqlite_time(text: str) -> datetime:
         text = f"{int(year):04d}-{rest}"
     return datetime.fromisoformat(text)
 
-def _named(sql: str) -> str:
-    """%(name)s placeholders as sqlite3's :name."""
-    return re.sub(r"%\((\w+)\)s", r":\1", sql)
+def pyformat_to_named(sql: str) -> str:
+    """%(name)s placeholders as sqlite3's :name, and %% as % (the reads shared by every
+    dialect are written in the pyformat style)."""
+    return re.sub(r"%\((\w+)\)s", r":\1", sql).replace("%%", "%")
 
 
 class _PeriodLocks:
