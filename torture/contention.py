@@ -90,8 +90,8 @@ def _ledger(backend: Backend, url: str, job: str) -> tuple[dict[str, tuple[str, 
 
 
 def first_use(config: Config, url: str, backend: Backend, outdir: Path) -> Row:
-    from once.core import current_period
     from once.periods import every
+    from once.run.flow import current_period
 
     periods_n, procs_n = config.count(3, 2), config.count(32, 3)
     row = Row(f"contention: first use, {periods_n} periods x {procs_n} `once run`")

@@ -47,8 +47,8 @@ def owner_faults(config: Config, backend: Backend, outdir: Path) -> list[Row]:
 
 
 # Under database faults a finished command whose result cannot be recorded in time is run
-# again (README "Liveness": exit 75, the row goes stale and is retried): at least once, not twice
-# without a cause.
+# again (docs/concepts/liveness.md: exit 75, the row goes stale and is retried): at least
+# once, not twice without a cause.
 CONVERGED = "periods converge, each finished once (or redone as documented)"
 
 

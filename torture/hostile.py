@@ -11,7 +11,7 @@ the generated ones; TORTURE_SCALE scales how many):
   and to every report;
 - secret files (`--db-password-file`, `ONCE_DATABASE_URL_FILE`, `--ping-url-file`): binary,
   empty, over 64 KiB, a NUL, control characters, trailing line breaks;
-- lengths around every limit of the README's "Input limits": job names and namespaces of
+- lengths around every limit of docs/reference/run.md "Input limits": job names and namespaces of
   200/201, `NS:JOB` of 255/256, `ONCE_OWNER` of 255/256 (multi-byte too), `--cron` of
   255/256, `--reason` of 1000/1001, a watermark of 64 KiB and one byte more;
 - periods at the edges: the years 1, 999 and 9999, a period whose end is past 9999, a zone

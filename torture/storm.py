@@ -80,8 +80,8 @@ class Injector:
 class Storm:
     def __init__(self, config: Config, backend: Backend, url: str, outdir: Path,
                  spec: Spec, injector: Injector) -> None:
-        from once.core import current_period
         from once.periods import every
+        from once.run.flow import current_period
 
         self.config, self.backend, self.url, self.spec = config, backend, url, spec
         self.outdir = outdir
@@ -113,7 +113,7 @@ class Storm:
     # -- the periods
 
     def expected(self) -> list[str]:
-        from once.core import current_period
+        from once.run.flow import current_period
 
         last = current_period(self.schedule)
         return [p.key for p in self.schedule.between(self.first, last)]

@@ -21,7 +21,19 @@ creates and drops):
 6. bad input: hypothesis-generated argument vectors for run, catchup and periods; then
    hostile values (URLs, secret files, lengths at every limit, period edges, control
    characters and markup in every text field) through every command, each followed by every
-   report (torture/hostile.py).
+   report (torture/hostile.py);
+7. rolling upgrade: a fleet of hosts that run the release before this one (schema 4, built
+   from its commit by tests/versions.py) upgraded one by one to this one while a storm works
+   through the periods, owners of both releases killed and stopped, and the first upgrades
+   cut short by SIGKILL; every fire of an old host after the upgrade must be refused;
+8. high availability (torture/ha.py): HA servers of the scenario's own on loopback. On
+   PostgreSQL a primary with a synchronous standby behind a multi-host URL
+   (target_session_attrs=read-write), the primary crashed (stop -m immediate) at random
+   moments, the standby promoted, a new standby built from it for the next failover; on
+   MariaDB a three-node Galera cluster, callers spread across its nodes, a node killed
+   (SIGKILL) and rejoined by a state transfer; both while a storm works through the periods
+   and owners are killed, stopped and terminated. Every claim whose command ran must be in
+   the ledger afterwards, and fences strictly increase per job, none reused (SQLite: n/a).
 
 Each backend gets a table:
 
@@ -44,8 +56,8 @@ Each backend gets a table:
     twice      (storms) periods whose work was finished twice without a rerun or a
                documented cause (must be 0)
     never done (storms) periods the ledger does not say done by a finished command (0)
-    redone     (storms) periods redone after an outage, of the storm's periods (the outage
-               storms: at most 10%)
+    redone     (storms) periods redone after an outage (or a failover), of the storm's
+               periods (the outage storms: at most 10%)
     wrong-clock claims   (clocks) periods claimed by a host whose clock was off by more than
                the --max-clock-skew it checks (must be 0)
     live owners taken over   (clocks) claims taken from an owner that was alive (must be 0)
@@ -59,8 +71,8 @@ Environment: TORTURE_SCALE (default 1.0) scales every count; TORTURE_BACKENDS (d
 sqlite,postgresql,mariadb); TORTURE_POSTGRES_URL (default: an embedded server of the
 torture's own, which it may stop and restart); TORTURE_MARIADB_URL (default
 mariadb://root@127.0.0.1:3306/test); TORTURE_SCENARIOS (default
-contention,owner,database,fleet,clocks,input); TORTURE_SEED; TORTURE_KEEP=1 keeps the work
-directory (logs of every process) even when nothing was lost.
+contention,owner,database,fleet,clocks,input,rolling,ha); TORTURE_SEED; TORTURE_KEEP=1 keeps
+the work directory (logs of every process) even when nothing was lost.
 """
 
 from __future__ import annotations
@@ -83,6 +95,8 @@ import clocks
 import contention
 import faults
 import fleet
+import ha
+import rolling
 from common import Backend, Config, Row, make_backend, remove_tree
 
 SCENARIOS: dict[str, Callable[[Config, Backend, Path], list[Row]]] = {
@@ -92,6 +106,8 @@ SCENARIOS: dict[str, Callable[[Config, Backend, Path], list[Row]]] = {
     "fleet": fleet.run,
     "clocks": clocks.run,
     "input": badinput.run,
+    "rolling": rolling.run,
+    "ha": ha.run,
 }
 
 
@@ -203,8 +219,10 @@ def totals(rows: list[Row]) -> str:
             f"{total([r.live_takeovers for r in rows])}.")
 
 
-# The storms whose faults are the ledger's (faults.database_faults, the fleet's row locks).
-OUTAGE_STORMS = ("server restarts", "connection kills", "write locks", "mixed fleet")
+# The storms whose faults are the ledger's (faults.database_faults, the fleet's row locks,
+# ha.py's failovers and node kills).
+OUTAGE_STORMS = ("server restarts", "connection kills", "write locks", "mixed fleet",
+                 "PostgreSQL failovers", "Galera node kills")
 
 
 def _count(value: int | None) -> str:

@@ -190,6 +190,10 @@ class Verdict:
         late = fenced and any(e.get("event") == "fenced-out" and (
             "final write matched no row" in str(e.get("message"))
             or "unreachable past the deadline" in str(e.get("message"))) for e in events)
+        # Or it was killed after the takeover, before it could say so: the same story, its
+        # final write held up past its promise, with the kill cutting its last line.
+        late = late or (proc.returncode == -9 and any(
+            kind in KILLS and t > taken for kind, t in proc.faults))
         stale = self.storm.longest_stale
         hit = any(f.period is None and f.db and f.t0 <= taken and f.t1 >= finished - stale
                   for f in self.storm.injector.faults)

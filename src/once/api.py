@@ -8,16 +8,9 @@ in Python.
         if run.won:
             bill(run.period.start, run.period.end, fence=run.fence)
 
-Leaving the block normally records `done`; an exception records `failed` (and propagates).
-While the block runs, a background thread renews the heartbeat every stale_after/3; when the
-claim is lost (another attempt took it over, or the ledger stayed unreachable past the
-deadline), `run.lost` turns true, `run.check()` raises `FencedOut`, and the finish writes
-nothing and raises `FencedOut`.
-
-When the ledger lives in the job's own database, `run.finish_in(connection)` writes the done
-marker inside the caller's transaction (psycopg 3, sqlite3 or PyMySQL connection): the work and
-the marker commit together or not at all, and it raises `FencedOut` when the claim is no longer
-ours, so that the caller rolls its transaction back.
+Leaving the block records `done`, an exception `failed`; a lost claim makes `run.check()` and
+the finish raise `FencedOut`, and `run.finish_in(connection)` writes the done marker inside
+the caller's own transaction: docs/how-to/python.md says the rest.
 """
 
 from __future__ import annotations
@@ -30,12 +23,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from once import attempt, core, limits
+from once import limits
 from once.deadlines import statement_timeout
-from once.lease import Lease
-from once.ledger import Job, Ledger, LedgerError, default_url, open_ledger, parse_url
+from once.ledger import Claim, Job, Ledger, LedgerError, open_ledger, parse_url, unnamed_url
 from once.outcomes import Status
 from once.periods import Period, schedule
+from once.run import attempt, flow
+from once.run.lease import Lease
+
+# How the API names a ledger: the command line's ONCE_DATABASE_URL is not read here.
+NAME_IT = "pass db= the shared ledger's URL (a SQLite file on a volume, if that is meant)"
 
 
 class FencedOut(Exception):
@@ -52,9 +49,12 @@ class Run:
     attempt: int
     fence: int
     skip_reason: str = ""
-    finished: bool = False
+    finished: bool = False  # recorded, or marked by finish_in
     _ledger: Ledger | None = field(default=None, repr=False)
     _lease: Lease | None = field(default=None, repr=False)
+    _claim: Claim | None = field(default=None, repr=False)
+    # The connection finish_in marked on: the caller's, of the ledger's driver (Any: its class).
+    _marked_on: Any = field(default=None, repr=False)
 
     @property
     def lost(self) -> bool:
@@ -70,38 +70,44 @@ class Run:
     def finish_in(self, connection: Any) -> None:
         """Mark the period done inside the caller's open transaction on the ledger's database.
 
-        Raises FencedOut when the row is no longer ours (then roll back).
+        Raises FencedOut when another attempt took the period over (then roll back; at
+        REPEATABLE READ or SERIALIZABLE, PostgreSQL may raise its serialization failure
+        instead). Leaving the block records the period done once the transaction committed.
         """
         assert self._ledger is not None and self._lease is not None and self.won
-        with self._lease.lock:  # no renewal on our connection meanwhile
-            if not self._ledger.finish_on(connection, self.job, self.period.key, self.attempt):
-                raise FencedOut(f"{self.job} {self.period.key}: the claim was lost")
-            self.finished = True
+        # Not under the lease's lock: the marker goes through the caller's connection, and on
+        # SQLite a renewal holding that lock may be waiting for this very transaction.
+        assert self._claim is not None
+        if not self._ledger.finish_on(connection, self.job, self.period.key, self._claim):
+            raise FencedOut(f"{self.job} {self.period.key}: the claim was lost")
+        self._marked_on = connection
+        self.finished = True
 
 
 @contextmanager
 def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: str = "UTC",
           db: str | None = None, lag: int = 0, stale_after: float = 300.0,
           max_attempts: int = 3, namespace: str | None = None,
-          max_clock_skew: float = core.DEFAULT_MAX_CLOCK_SKEW,
+          max_clock_skew: float = flow.DEFAULT_MAX_CLOCK_SKEW,
           now: datetime | None = None) -> Iterator[Run]:
     """Claim the current period of job (as `once run` would) for the duration of the block.
 
-    The claim, its heartbeat (once.lease.Lease: the same deadline rule as `once run`) and its
-    finish (once.attempt.record_result: retried, fenced, recognising a write whose answer was
+    The claim, its heartbeat (once.run.lease.Lease: the same deadline rule as `once run`) and its
+    finish (once.run.attempt.record_result: retried, fenced, recognising a write whose answer was
     lost) are the command line's own. A process forked inside the block never finishes, renews or
     closes the parent's claim: only the process that claimed does.
 
     Raises ValueError (once.limits.InputError, once.periods.SpecError) for what `once run`
     refuses with exit 2: a bad job name or namespace, schedule or zone, stale_after <= 0,
-    lag, max_attempts or max_clock_skew out of range, a bad ONCE_OWNER, an unusable db URL;
-    also a parameter of the wrong type, and a `now` whose period lies outside the years 1 to
+    lag, max_attempts or max_clock_skew out of range, a bad ONCE_OWNER, an unusable db URL,
+    no db in a container (where the default SQLite file would be the container's own); also
+    a parameter of the wrong type, and a `now` whose period lies outside the years 1 to
     9999.
     """
     the_job, period, owner = _checked(job, every, cron, tz, db, lag, stale_after, max_attempts,
                                       namespace, max_clock_skew, now)
     name = the_job.name
-    ledger = open_ledger(parse_url(db or default_url()),
+    ledger = open_ledger(parse_url(db or unnamed_url(NAME_IT)),
                          timeout=statement_timeout(stale_after))
     claimer = os.getpid()
     try:
@@ -109,22 +115,23 @@ def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: st
         won = ledger.claim(the_job, period.key, period.start, period.end, owner,
                            max_clock_skew=max_clock_skew)
         run = Run(name, period, won.won, won.attempt, won.fence,
-                  "" if won.won else won.skip_reason, _ledger=ledger)
+                  "" if won.won else won.skip_reason, _ledger=ledger, _claim=won)
         if not won.won:
             yield run
             return
-        # Once finish_in has marked it, nothing is left to keep alive.
-        run._lease = Lease(attempt.renewal(ledger, name, period.key, won.attempt,
-                                           lambda: run.finished), stale_after, sent)
+        # Renewed until the block ends, finish_in or not: the marker's transaction may still
+        # be open, and its row is not the one renewals write.
+        run._lease = Lease(attempt.renewal(ledger, name, period.key, won), stale_after,
+                           max(sent, ledger.claim_sent))
         with _heartbeat(run._lease):
             try:
                 yield run
             except BaseException:
                 if os.getpid() == claimer:
-                    _finish(run, ledger, the_job, won, "failed", 1)
+                    _end(run, ledger, the_job, won, failed=True)
                 raise
-        if os.getpid() == claimer and not run.finished:
-            _finish(run, ledger, the_job, won, "done", 0)
+        if os.getpid() == claimer:
+            _end(run, ledger, the_job, won, failed=False)
     finally:
         if os.getpid() == claimer:
             ledger.__exit__(None, None, None)
@@ -145,10 +152,10 @@ def _checked(job: str, every: str | None, cron: str | None, tz: str, db: str | N
         raise limits.InputError(f"bad now {now!r}: give an aware datetime")
     sched = schedule(every, cron, tz)
     limits.seconds("max_clock_skew", max_clock_skew, zero_ok=True)
-    the_job = core.claiming_job(job, namespace, sched, lag, max_attempts, stale_after)
-    owner = core.default_owner()
+    the_job = flow.claiming_job(job, namespace, sched, lag, max_attempts, stale_after)
+    owner = flow.default_owner()
     try:
-        period = core.current_period(sched, lag, now or datetime.now(UTC))
+        period = flow.current_period(sched, lag, now or datetime.now(UTC))
     except OverflowError as exc:  # `once` says it with exit 2
         raise limits.InputError(f"out of range: {exc} (periods exist from year 1 to "
                                 f"9999)") from None
@@ -168,7 +175,33 @@ def _heartbeat(lease: Lease) -> Iterator[None]:
             thread.join()
 
 
-def _finish(run: Run, ledger: Ledger, job: Job, won: Any, status: Status,
+def _end(run: Run, ledger: Ledger, job: Job, won: Claim, failed: bool) -> None:
+    if run._marked_on is not None:
+        _finish_marked(run, ledger, job, won)
+    else:
+        _finish(run, ledger, job, won, "failed" if failed else "done", 1 if failed else 0)
+
+
+def _finish_marked(run: Run, ledger: Ledger, job: Job, won: Claim) -> None:
+    """After finish_in, whatever the block did next: done if the caller's transaction
+    committed the marker (the work with it), failed if it rolled back. While it is still
+    open nothing is recorded: the row goes stale, and the claim that finds it then records
+    done if the marker committed, or takes it over if it did not."""
+    lease = run._lease
+    assert lease is not None
+    still_open = ledger.in_transaction(run._marked_on)
+    if still_open and ledger.ONE_WRITER:  # our write would wait for a commit that waits for us
+        return
+    recorded = attempt.record_marked(ledger, job, run.period.key, won, lease)
+    if recorded is None:
+        raise LedgerError(f"{run.job} {run.period.key}: the result (done) could not be "
+                          f"recorded ({lease.last_error}); the period will be settled once "
+                          f"its claim goes stale")
+    if not recorded and not still_open:  # rolled back: the work was not done
+        _finish(run, ledger, job, won, "failed", 1)
+
+
+def _finish(run: Run, ledger: Ledger, job: Job, won: Claim, status: Status,
             exit_code: int) -> None:
     lease = run._lease
     assert lease is not None
@@ -181,8 +214,8 @@ def _finish(run: Run, ledger: Ledger, job: Job, won: Any, status: Status,
                                      status, lease)
     run.finished = True
     if recorded is None:
-        raise LedgerError(f"{run.job} {run.period.key}: the result ({status}) could not be "
-                          f"recorded ({lease.last_error}); the period will be retried once "
-                          f"its claim goes stale")
+        raise LedgerError(f"{run.job} {run.period.key}: {attempt.trouble(lease, 'the write')}"
+                          f", the result ({status}) was not recorded ({lease.last_error}); "
+                          f"the period will be retried once its claim goes stale")
     if not recorded:
         raise FencedOut(f"{run.job} {run.period.key}: the final write matched no row")

@@ -18,11 +18,11 @@ from once.periods import (
     Period,
     Schedule,
     SpecError,
-    _clock_key,
     _clock_key_instant,
     iso,
     utc_instant,
 )
+from once.units import clock_key
 
 _MINUTE = timedelta(minutes=1)
 
@@ -71,7 +71,7 @@ class CronSchedule(Schedule):
         at = utc_instant(instant)
         start = self._fire(at, backwards=True).astimezone(self.tz)
         end = self._fire(at, backwards=False).astimezone(self.tz)
-        return Period(_clock_key(start), start, end)
+        return Period(clock_key(start), start, end)
 
     def _key_instant(self, key: str) -> datetime | None:
         return _clock_key_instant(key)

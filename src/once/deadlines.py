@@ -1,8 +1,8 @@
-"""The clock and the rules every lease deadline follows, shared by the CLI, core, api, lease
-and runner.
+"""The clock and the rules every lease deadline follows, shared by the CLI, run.flow, the API,
+the lease and the wrapper.
 
-Kept apart from once.runner so that a `once run` that skips (and the CLI's option checks)
-never imports the runner's process machinery.
+Kept apart from once.run.wrapper so that a `once run` that skips (and the CLI's option checks)
+never imports the wrapper's process machinery.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def max_grace(stale_after: float) -> float:
 def statement_timeout(stale_after: float) -> float:
     """How long one ledger statement or connect may take: well below --stale-after, so that
     nothing hangs past a lease's deadline, and never under a second or over ten. Also the
-    least an owner's bounded statement (once.lease.Lease.call) is given past its limit."""
+    least an owner's bounded statement (once.run.lease.Lease.call) is given past its limit."""
     return max(1.0, min(10.0, stale_after / 3))
 
 

@@ -1,34 +1,21 @@
-"""How many periods lie between two periods, counted without walking them (for reports).
+"""How many periods lie between two periods, counted without walking them (for reports), and
+where the missing ones are (GapFinder).
 
 `once status` and `once check` compare, per job, the number of periods that are due with the
-number of rows the ledger holds for them; walking 10,000 periods through the period engine
-costs about 150 ms a job, so this module counts them arithmetically instead, following the
-engine's rules (once.periods' docstring) exactly:
-
-* month, quarter, year: from the keys (2026-10 is month 2026 * 12 + 9);
-* minute, Nm, hour, Nh, day, week: period starts are the instants at which the local clock
-  reads a multiple of the unit (a week's multiples fall on Mondays), so between two changes of
-  the zone's UTC offset they are multiples in local time; at each change, a spring-forward gap
-  that swallows one or more multiples adds one boundary at the gap's end (unless the gap ends
-  on a multiple, which is then counted already), and for day and week a fall-back that repeats
-  midnight counts it only once.
-
-The offset changes are found by probing the zone once a day (UTC midnights) and bisecting to
-the second, cached per zone and year: two changes less than a day apart that cancel each other
-are not seen (tzdata has none since 1970). Cron schedules have no such count: `count` returns
+number of rows the ledger holds for them; walking every period through the period engine would
+cost each job's whole history, so `count` counts them arithmetically, following the engine's
+rules (docs/concepts/periods.md) exactly. Cron schedules have no such count: `count` returns
 None and the caller walks only the gaps.
 
-The second half finds the periods themselves (GapFinder), for the reports and for catch-up
-alike: what `once check` reports missing is what `once catchup` makes up. It reads a job's
-rows through `Rows`, which the reports answer with SQLAlchemy and catch-up with once.ledger's
-plain SQL (`once run --catchup` is a cron fire: no SQLAlchemy).
-
-Standard library, once.periods and once.stored only.
+GapFinder finds the periods themselves, for the reports and for catch-up alike: what `once
+check` reports missing is what `once catchup` makes up. It reads a job's rows through `Rows`,
+which once.ledger.gap_rows answers in plain SQL (`once run --catchup` is a cron fire: no
+SQLAlchemy). Each unit's length, months and anchor are its record's (once.units). Standard
+library, once.periods, once.units and once.stored only.
 """
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -37,8 +24,11 @@ from functools import lru_cache
 from itertools import pairwise
 from typing import Protocol
 
+from once.outcomes import attempts_left
 from once.periods import Period, Schedule, utc_instant
 from once.stored import shard_keys
+from once.units import CLOCK
+from once.units import Unit as PeriodUnit
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _SECOND = timedelta(seconds=1)
@@ -46,27 +36,33 @@ _DAY = timedelta(days=1)
 _US = timedelta(microseconds=1)
 _US_PER_S = 1_000_000
 
-# Local-clock units in microseconds, and where their multiples fall in local time counted
-# from 1970-01-01T00:00 (a Thursday): weeks start on Mondays, four days later.
-_CALENDAR_MONTHS = {"month": 1, "quarter": 3, "year": 12}
-_WEEK_PHASE = 4 * 86400 * _US_PER_S
+_EPOCH_DATE = _EPOCH.date()
 
 
 def count(sched: Schedule, first: Period, last: Period) -> int | None:
     """How many periods run from first to last, both included (0 if last is before first).
 
-    None for a cron schedule, whose fire times have no closed form.
+    None for a cron schedule, whose fire times have no closed form. Units counted in months
+    (month, quarter, year): from the keys' first dates (2026-10 is month 2026 * 12 + 9). The
+    others (minute, Nm, hour, Nh, day, week): period starts are the instants at which the
+    local clock reads a multiple of the unit (a week's multiples fall on Mondays, its anchor),
+    so between two changes of the zone's UTC offset they are multiples in local time; at each
+    change, a spring-forward gap that swallows one or more multiples adds one boundary at the
+    gap's end (unless the gap ends on a multiple, which is then counted already), and for
+    calendar units (day, week) a fall-back that repeats midnight counts it only once. The
+    offset changes are found by probing the zone once a day (UTC midnights) and bisecting to
+    the second, cached per zone and year: two changes less than a day apart that cancel each
+    other are not seen (tzdata has none since 1970).
     """
     start, end = utc_instant(first.start), utc_instant(last.end)
     if utc_instant(last.start) < start:
         return 0
-    if sched.kind != "every":
+    unit = sched.unit
+    if unit is None:
         return None
-    months = _CALENDAR_MONTHS.get(sched.spec)
-    if months:
-        return _month_index(last.key, sched.spec) - _month_index(first.key, sched.spec) + 1
-    unit, phase, calendar = _grid(sched.spec)
-    return _boundaries(sched.tz, start, end, unit, phase, calendar)
+    if unit.months:
+        return _month_index(unit, last.key) - _month_index(unit, first.key) + 1
+    return _boundaries(sched.tz, start, end, *_grid(unit))
 
 
 def count_starts(sched: Schedule, start: datetime, end: datetime) -> int | None:
@@ -74,36 +70,30 @@ def count_starts(sched: Schedule, start: datetime, end: datetime) -> int | None:
     start, end = utc_instant(start), utc_instant(end)
     if end <= start:
         return 0
-    if sched.kind != "every":
+    unit = sched.unit
+    if unit is None:
         return None
-    if sched.spec in _CALENDAR_MONTHS:
+    if unit.months:
         first, last = sched.containing(start), sched.containing(end - _US)
-        return _month_index(last.key, sched.spec) - _month_index(first.key, sched.spec) + 1
-    unit, phase, calendar = _grid(sched.spec)
-    return _boundaries(sched.tz, start, end, unit, phase, calendar)
+        return _month_index(unit, last.key) - _month_index(unit, first.key) + 1
+    return _boundaries(sched.tz, start, end, *_grid(unit))
 
 
-def _grid(spec: str) -> tuple[int, int, bool]:
-    """(unit in microseconds, phase, whether a repeated multiple counts once)."""
-    if spec == "day":
-        return 86400 * _US_PER_S, 0, True
-    if spec == "week":
-        return 7 * 86400 * _US_PER_S, _WEEK_PHASE, True
-    if spec in ("minute", "hour"):
-        return (60 if spec == "minute" else 3600) * _US_PER_S, 0, False
-    match = re.fullmatch(r"([0-9]+)([mh])", spec)
-    if match is None:
-        raise ValueError(f"not a clock spec: {spec!r}")
-    return int(match[1]) * (60 if match[2] == "m" else 3600) * _US_PER_S, 0, False
+def _grid(unit: PeriodUnit) -> tuple[int, int, bool]:
+    """(unit in microseconds, where its multiples fall in local time counted from
+    1970-01-01T00:00, whether a repeated multiple counts once: a calendar unit's does)."""
+    length = unit.length // _US
+    if unit.kind == CLOCK:
+        return length, 0, False
+    return length, (unit.anchor - _EPOCH_DATE) // _US % length, True
 
 
-def _month_index(key: str, spec: str) -> int:
-    year = int(key[:4])
-    if spec == "year":
-        return year
-    if spec == "quarter":
-        return year * 4 + int(key[6:]) - 1
-    return year * 12 + int(key[5:7]) - 1
+def _month_index(unit: PeriodUnit, key: str) -> int:
+    """The index of a key's period among the unit's (months since the year 0, divided)."""
+    first = unit.first_date(key)
+    if first is None:  # keys come from the engine: never
+        raise ValueError(f"not a {unit.name} key: {key!r}")
+    return (first.year * 12 + first.month - 1) // unit.months
 
 
 def _boundaries(tz: tzinfo, start: datetime, end: datetime, unit: int, phase: int,
@@ -214,14 +204,16 @@ class OpenRow:
     status: str  # running or failed
     attempt: int
     stale: bool  # running, with a heartbeat older than its owner's promise (database clock)
+    interrupted: int = 0  # how many of its attempts ended interrupted (once_runs.interrupted)
 
 
 def needs_run(row: OpenRow, max_attempts: int) -> bool:
     """Whether catch-up makes up a period that has this row: a failed attempt with attempts
-    left, or a running one past its owner's promise. The claim's takeover rule (once.ledger),
-    read from outside; a unit with no row at all always needs a run."""
+    left (outcomes.attempts_left), or a running one past its owner's promise. The claim's
+    takeover rule (once.ledger), read from outside; a unit with no row at all always needs a
+    run."""
     if row.status == "failed":
-        return row.attempt < max_attempts
+        return attempts_left(row.attempt, row.interrupted, max_attempts) > 0
     return row.status == "running" and row.stale
 
 

@@ -1,47 +1,15 @@
 """Periods: which period an instant falls in, and the key the ledger stores it under.
 
-A schedule cuts time into periods, half-open intervals [start, end) that tile the time line
-(each period ends where the next starts), following the wall clock of an IANA time zone.
-This module is pure, no I/O and no database, and imports only the standard library at
-import time: it runs on every cron fire. Cron schedules live in once.cron, imported (with
-cronsim) when one is built.
+A schedule cuts time into half-open periods [start, end) that tile the time line along the
+wall clock of an IANA time zone. Pure (no I/O, no database, the standard library at import
+time): it runs on every cron fire. Cron schedules live in once.cron, imported (with cronsim)
+when one is built.
 
-The rules are the README's "Periods"; daylight saving time forces these choices:
-
-* Calendar specs (day, week, month, quarter, year). A period starts at the first instant at
-  which the local date is its first date or later: local midnight, or, where the clock skips
-  midnight (America/Santiago 2026-09-06, Asia/Beirut every last Sunday of March), the first
-  instant after the gap, 01:00. Where midnight occurs twice (America/Havana 2026-11-01) the
-  first one counts. A date the zone skips altogether (Pacific/Apia 2011-12-30) has no period
-  and no key: 2011-12-29 ends where 2011-12-31 starts.
-* Clock specs (minute, Nm, hour, Nh). Boundaries are the instants at which the local clock
-  reads a multiple of the unit counted from local midnight (6h: 00:00, 06:00, 12:00, 18:00).
-  A wall time that occurs twice is a boundary both times, so the hour repeated at a fall-back
-  gives two hourly periods, keyed 2026-11-01T01:00-04:00 then 2026-11-01T01:00-05:00 in
-  America/New_York. A boundary that falls in a spring-forward gap moves to the first instant
-  after the gap, and all the boundaries in one gap become one: in New York the 01:00 hour ends
-  at 03:00 EDT, no period is keyed 02:00 and none is empty.
-  A period whose start was moved out of a DST gap is keyed by its actual local start: on
-  Australia/Lord_Howe the clock jumps from 02:00 to 02:30, so the hourly periods there are
-  [01:00, 02:30) keyed ...T01:00+10:30 and [02:30, 03:00) keyed ...T02:30+11:00.
-* Cron. A period runs from a fire time to the next one, and an instant exactly on a fire
-  time starts that fire time's period. cronsim parses the expression and matches dates; the
-  fire times are computed (in once.cron) from the zone's offsets, as Debian cron fires: a
-  fixed time (`30 1 * * *`) fires once, the first time the clock reads it (once in a
-  repeated hour) or, if a gap skips it, at the end of the gap; an expression with `*` in its
-  minute or hour field (`*/30 * * * *`) follows the clock, firing at every instant the clock
-  reads a time it names (in both passes of a repeated hour, not in a gap). cronsim's own
-  walk through time hung or skipped fire times where the offset changes by less than an hour.
-* Keys: 2026 (year), 2026-Q4, 2026-10 (month), 2026-W44 (ISO year and week), 2026-10-27
-  (day); clock and cron specs use the local start to the minute with its UTC offset,
-  2026-10-27T10:00+01:00 (seconds show only for the odd pre-1972 offset that has them).
-* A local time given without an offset (a date, or --from 2026-03-08T02:30) means the first
-  instant at which the zone's clock reads that time or later: the first of two, or the end of
-  the gap that skips it.
-
-Period.start and Period.end are aware datetimes in the schedule's zone. Python compares and
-subtracts two datetimes that share a tzinfo by their wall times, ignoring fold, so 01:30 EDT
-sorts after 01:00 EST: convert to UTC first. This module works in UTC throughout.
+The rules, and the choices daylight saving time forces (a midnight or an hour skipped or
+repeated, a date a zone skips, a period keyed by its actual local start, cron fire times as
+Debian cron fires), are docs/concepts/periods.md; tests/unit/test_periods_table.py numbers
+them. Period.start and Period.end are aware datetimes in the schedule's zone, which Python
+compares by wall time, ignoring fold: this module works in UTC throughout.
 """
 
 from __future__ import annotations
@@ -53,6 +21,7 @@ from datetime import UTC, date, datetime, timedelta, tzinfo
 
 from once import limits
 from once.frozen import Frozen
+from once.units import CALENDAR, CLOCK_KEY, UNITS, Unit, clock_key
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ZERO = timedelta(0)
@@ -104,18 +73,10 @@ def utc_instant(instant: datetime) -> datetime:
     return instant.astimezone(UTC)
 
 
-def _clock_key(start: datetime) -> str:
-    return start.isoformat(timespec="seconds" if start.second else "minutes")
-
-
-# Patterns that only a key given by hand needs are left to re's cache, compiled on first use
-# (not at import, which every cron fire pays).
-_CLOCK_KEY = (r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}(:[0-9]{2})?"
-              r"[+-][0-9]{2}:[0-9]{2}(:[0-9]{2})?")
-
-
 def _clock_key_instant(key: str) -> datetime | None:
-    if not re.fullmatch(_CLOCK_KEY, key):
+    # The pattern is left to re's cache, compiled when a key is given by hand (not at import,
+    # which every cron fire pays).
+    if not re.fullmatch(CLOCK_KEY, key):
         return None
     return utc_instant(datetime.fromisoformat(key))
 
@@ -127,6 +88,12 @@ class Schedule(ABC):
     spec: str  # "day", "15m", or the cron expression as given
     tz: tzinfo  # zone(tz_name)
     tz_name: str  # the IANA name as given
+    # What one period spans, for what draws or counts periods (the reports, once.gaps), so
+    # that none parses a spec again: the unit's record (once.units); a cron schedule has none.
+    # minutes: a clock unit's length in minutes; calendar: a calendar unit's name.
+    unit: Unit | None = None
+    minutes: int = 0
+    calendar: str = ""
 
     def __init__(self, spec: str, tz_name: str) -> None:
         self.spec = spec
@@ -181,12 +148,9 @@ class Schedule(ABC):
         return period
 
     def between(self, first: Period, last: Period) -> Iterator[Period]:
-        """first, the periods after it, ..., last (inclusive); nothing if last is before first."""
-        stop = utc_instant(last.start)
-        period = first
-        while utc_instant(period.start) <= stop:
-            yield period
-            period = self.next(period)
+        """first, the periods after it, ..., last (inclusive); nothing if last is before first
+        (the tests' and the torture's walk from one key to another)."""
+        return self.overlapping(first.start, last.end)
 
     def overlapping(self, start: datetime, end: datetime) -> Iterator[Period]:
         """The periods that overlap [start, end), in order."""
@@ -271,15 +235,17 @@ class _Clock(Schedule):
 
     kind = "every"
 
-    def __init__(self, spec: str, tz_name: str, unit: timedelta) -> None:
+    def __init__(self, spec: str, tz_name: str, unit: Unit) -> None:
         super().__init__(spec, tz_name)
         self.unit = unit
+        self.length = unit.length
+        self.minutes = unit.length // timedelta(minutes=1)
 
     def containing(self, instant: datetime) -> Period:
         at = utc_instant(instant)
         start = self._boundary_at_or_before(at).astimezone(self.tz)
         end = self._boundary_after(at).astimezone(self.tz)
-        return Period(_clock_key(start), start, end)
+        return Period(clock_key(start), start, end)
 
     def _key_instant(self, key: str) -> datetime | None:
         return _clock_key_instant(key)
@@ -287,7 +253,7 @@ class _Clock(Schedule):
     def _floor(self, wall: datetime) -> datetime:
         """The latest multiple of the unit at or before a wall time (the unit divides a day)."""
         midnight = wall.replace(hour=0, minute=0, second=0, microsecond=0)
-        return midnight + (wall - midnight) // self.unit * self.unit
+        return midnight + (wall - midnight) // self.length * self.length
 
     def _boundary_at_or_before(self, at: datetime) -> datetime:
         """The latest boundary <= at: the multiple the clock last read, if the offset has not
@@ -310,7 +276,7 @@ class _Clock(Schedule):
             local = at.astimezone(self.tz)
             offset = local.utcoffset() or _ZERO
             wall = local.replace(tzinfo=None)
-            ceiling = (self._floor(wall) + self.unit - offset).replace(tzinfo=UTC)
+            ceiling = (self._floor(wall) + self.length - offset).replace(tzinfo=UTC)
             if self._offset(ceiling) == offset:
                 return ceiling
             switch = self._switch(at, ceiling)
@@ -328,27 +294,17 @@ class _Clock(Schedule):
         return multiple == after or multiple >= before
 
 
-# Calendar units: how many months or days a period spans, and its key's form.
-_MONTHS = {"month": 1, "quarter": 3, "year": 12}
-_DAYS = {"day": 1, "week": 7}
-_CALENDAR_KEYS = {
-    "day": r"([0-9]{4})-([0-9]{2})-([0-9]{2})",
-    "week": r"([0-9]{4})-W([0-9]{2})",
-    "month": r"([0-9]{4})-([0-9]{2})",
-    "quarter": r"([0-9]{4})-Q([0-9])",
-    "year": r"([0-9]{4})",
-}
-
-
 class _Calendar(Schedule):
     """day, week, month, quarter, year: a period starts at its first date's first instant."""
 
     kind = "every"
 
-    def __init__(self, spec: str, tz_name: str) -> None:
+    def __init__(self, spec: str, tz_name: str, unit: Unit) -> None:
         super().__init__(spec, tz_name)
-        self.months = _MONTHS.get(spec, 0)
-        self.days = _DAYS.get(spec, 0)
+        self.unit = self.record = unit
+        self.calendar = spec
+        self.months = unit.months
+        self.days = unit.length.days
 
     def containing(self, instant: datetime) -> Period:
         at = utc_instant(instant)
@@ -372,91 +328,72 @@ class _Calendar(Schedule):
         """The first date of the period a date belongs to."""
         if self.months:
             return date(day.year, (day.month - 1) // self.months * self.months + 1, 1)
-        if self.days == 7:
-            return day - timedelta(days=day.weekday())  # back to Monday
-        return day
+        if self.days == 1:
+            return day
+        return day - timedelta(days=(day - self.record.anchor).days % self.days)  # week: Monday
 
     def _step(self, first: date, n: int) -> date:
         if self.months:
             index = first.year * 12 + first.month - 1 + n * self.months
+            if not 1 <= index // 12 <= 9999:  # as date arithmetic says it for days and weeks
+                raise OverflowError("date value out of range")
             return date(index // 12, index % 12 + 1, 1)
         return first + timedelta(days=n * self.days)
 
     def _key(self, first: date) -> str:
-        if self.spec == "day":
-            return first.isoformat()
-        if self.spec == "week":
-            year, week, _ = first.isocalendar()
-            return f"{year:04d}-W{week:02d}"
-        if self.spec == "month":
-            return f"{first.year:04d}-{first.month:02d}"
-        if self.spec == "quarter":
-            return f"{first.year:04d}-Q{(first.month - 1) // 3 + 1}"
-        return f"{first.year:04d}"
+        return self.record.key(first)
 
     def _key_instant(self, key: str) -> datetime | None:
-        match = re.fullmatch(_CALENDAR_KEYS[self.spec], key)
-        if match is None:
-            return None
-        year, *rest = (int(group) for group in match.groups())
-        if self.spec == "day":
-            first = date(year, rest[0], rest[1])
-        elif self.spec == "week":
-            first = date.fromisocalendar(year, rest[0], 1)
-        elif self.spec == "month":
-            first = date(year, rest[0], 1)
-        elif self.spec == "quarter":
-            first = date(year, 3 * rest[0] - 2, 1)
-        else:
-            first = date(year, 1, 1)
-        return self._start(first)
+        first = self.record.first_date(key)
+        return None if first is None else self._start(first)
 
 
-def _clock_unit(spec: str) -> timedelta:
-    if spec in ("minute", "hour"):
-        return timedelta(minutes=1 if spec == "minute" else 60)
+def _unit(spec: str) -> Unit:
+    """The unit's record (once.units); for a spec that names none, the error that says why."""
+    unit = UNITS.get(spec)
+    if unit is not None:
+        return unit
     match = re.fullmatch(r"(0|[1-9][0-9]{0,3})([mh])", spec)
     if match is None:
-        raise SpecError(
-            f"--every {spec!r}: use minute, Nm (N divides 60), hour, "
-            "Nh (N divides 24), day, week, month, quarter or year"
-        )
-    n, minutes = int(match[1]), match[2] == "m"
-    if n == 0 or (60 if minutes else 24) % n:
-        raise SpecError(
-            f"--every {spec}: minutes must divide 60"
-            if minutes
-            else f"--every {spec}: hours must divide 24"
-        )
-    return timedelta(minutes=n) if minutes else timedelta(hours=n)
+        *others, last = (u.name for u in UNITS.values() if u.kind == CALENDAR)
+        raise SpecError(f"--every {spec!r}: use minute, Nm (N divides 60), hour, "
+                        f"Nh (N divides 24), {', '.join(others)} or {last}")
+    raise SpecError(f"--every {spec}: minutes must divide 60" if match[2] == "m"
+                    else f"--every {spec}: hours must divide 24")
+
+
+def every_specs(every_spelling: bool = False) -> tuple[str, ...]:
+    """The specs --every takes, as once.units lists them: those completion offers, then with
+    every_spelling those that say what another says (1m, 60m, 1h, 24h)."""
+    offered = tuple(name for name, unit in UNITS.items() if unit.offered)
+    if not every_spelling:
+        return offered
+    return (*offered, *(name for name, unit in UNITS.items() if not unit.offered))
 
 
 def every(spec: str, tz: str) -> Schedule:
-    return _every(spec, tz)
-
-
-def _every(spec: str, tz: str) -> Schedule:
-    if spec in _CALENDAR_KEYS:
-        return _Calendar(spec, tz)
-    return _Clock(spec, tz, _clock_unit(spec))
+    """The schedule of `--every SPEC`."""
+    unit = _unit(spec)
+    if unit.kind == CALENDAR:
+        return _Calendar(spec, tz, unit)
+    return _Clock(spec, tz, unit)
 
 
 def cron(expr: str, tz: str) -> Schedule:
+    """The schedule of `--cron EXPR`."""
     from once.cron import CronSchedule  # here: `--every` schedules never load it
 
     return CronSchedule(expr, tz)
 
 
-def schedule(every: str | None, cron: str | None, tz: str) -> Schedule:
+def schedule(every_spec: str | None, cron_expr: str | None, tz: str) -> Schedule:
     """The schedule of exactly one of --every and --cron."""
-    if every is not None and cron is not None:
+    if every_spec is not None and cron_expr is not None:
         raise SpecError("use --every or --cron, not both")
-    if every is not None:
-        return _every(every, tz)  # `every` the function is shadowed here
-    if cron is not None:
-        from once.cron import CronSchedule
-
-        return CronSchedule(cron, tz)
+    if every_spec is not None:
+        return every(every_spec, tz)
+    if cron_expr is not None:
+        return cron(cron_expr, tz)
     raise SpecError("use --every SPEC or --cron EXPR")
 
 

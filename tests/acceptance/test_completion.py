@@ -125,10 +125,10 @@ def test_every_completes_period_specs(name: str, ledger_env: dict[str, str]) -> 
 
 
 def test_every_offered_spec_and_zone_is_accepted() -> None:
-    from once.complete import EVERY_SPECS, zone_names
-    from once.periods import schedule
+    from once.cli.complete import zone_names
+    from once.periods import every_specs, schedule
 
-    for spec in EVERY_SPECS:
+    for spec in every_specs(every_spelling=True):
         schedule(spec, None, "UTC")
     zones = zone_names(None, None, "")  # type: ignore[arg-type]
     assert len(zones) > 300

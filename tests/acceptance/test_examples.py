@@ -12,12 +12,43 @@ import pytest
 import yaml_free_cronjob as k8s
 
 from once._docs import prose
-from once.cli import cli, load_commands
+from once.cli.main import cli, load_commands
 
 load_commands()  # every command, not only `run`
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 README = EXAMPLES.parent / "README.md"
+DOCS = EXAMPLES.parent / "docs"
+
+
+def markdown_pages() -> list[Path]:
+    """The README and every page of the docs site written by hand or generated."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def code_blocks(path: Path) -> list[tuple[int, list[str]]]:
+    """(last line, lines) of each literal block of a page: indented by four spaces (as the
+    README and the pages moved from it write them) or fenced with ```."""
+    found: list[tuple[int, list[str]]] = []
+    block: list[str] = []
+    fenced = False
+    for n, line in enumerate([*path.read_text().splitlines(), "end"], 1):
+        if line.startswith("```"):
+            if fenced:
+                found.append((n, block))
+                block = []
+            fenced = not fenced
+            continue
+        if fenced:
+            block.append(line)
+            continue
+        if line.startswith("    ") or (block and not line.strip()):
+            block.append(line[4:])
+            continue
+        if block:
+            found.append((n - 1, block))
+        block = []
+    return found
 
 
 def once_invocations() -> list[tuple[str, list[str]]]:
@@ -89,17 +120,14 @@ CRON_PATH = "/usr/bin:/bin"  # Debian cron's
 
 
 def crontabs() -> list[tuple[str, list[str]]]:
-    """(where, lines) of every crontab shown: examples/crontab, each README code block and
-    each man page example holding a cron line."""
+    """(where, lines) of every crontab shown: examples/crontab, each code block of the README
+    and of the docs site, and each man page example holding a cron line."""
     found = [("examples/crontab", (EXAMPLES / "crontab").read_text().splitlines())]
-    block: list[str] = []
-    for n, line in enumerate([*README.read_text().splitlines(), "end"], 1):
-        if line.startswith("    ") or (block and not line.strip()):
-            block.append(line[4:])
-            continue
-        if any(CRON_LINE.match(row) for row in block):
-            found.append((f"README.md, the block ending at line {n - 1}", block))
-        block = []
+    for path in markdown_pages():
+        for n, block in code_blocks(path):
+            if any(CRON_LINE.match(row) for row in block):
+                where = path.relative_to(EXAMPLES.parent)
+                found.append((f"{where}, the block ending at line {n}", block))
     for n, (_text, example) in enumerate(prose.EXAMPLES, 1):
         if any(CRON_LINE.match(row) for row in example.splitlines()):
             found.append((f"man page example {n}", example.splitlines()))
@@ -137,3 +165,76 @@ def test_the_every_few_minutes_idiom_is_quiet_under_cron() -> None:
             match = CRON_LINE.match(line)
             if match and line.startswith("*/") and "once run" in line and "--every day" in line:
                 assert " -q " in match.group("command"), (where, line)
+
+
+# -- the pages' command lines ------------------------------------------------------------------
+
+PROMPT = re.compile(r"^(?:\$ )?(?:[A-Z_]+=\S+ )*once (\S+)")
+
+
+def page_commands() -> list[tuple[str, list[str]]]:
+    """Every `once COMMAND ...` line of a code block in the README and the docs (a `$ `
+    prompt, `NAME=value` prefixes and `\\` continuations allowed), split as the shell would;
+    lines with a placeholder (`[...]`, `<...>`, `…`, `|` alternatives) are synopses, not
+    examples."""
+    found = []
+    for path in markdown_pages():
+        for n, block in code_blocks(path):
+            text = "\n".join(block).replace("\\\n", " ")
+            for row in text.splitlines():
+                cron = CRON_LINE.match(row)
+                row = cron.group("command") if cron else row
+                row = re.sub(r"^(?:out=\$\(|sleep \$\S+ && |flock \S+ )", "", row.strip())
+                match = PROMPT.match(row.strip())
+                if not match or match.group(1) not in cli.commands:
+                    continue
+                if re.search(r"\[|\]|<[A-Za-z]|…|\.\.\.|\bSPEC\b|\bJOB\b|\bURL\b", row):
+                    continue
+                row = re.sub(r"\)(?=\s*(\|\||&&|;|$))", "", row)  # the end of a $(...)
+                row = re.sub(r"\s[12]?>\s*\S+", "", row)  # redirections
+                words = shlex.split(row.strip().removeprefix("$ "), comments=True)
+                words = words[next(i for i, w in enumerate(words) if w == "once") + 1:]
+                for stop in ("||", "&&", ";", "|"):
+                    if stop in words:
+                        words = words[: words.index(stop)]
+                words = [w for w in words if not w.startswith((">", "2>"))]
+                found.append((f"{path.relative_to(EXAMPLES.parent)}:{n}: {row.strip()}", words))
+    return found
+
+
+def test_the_pages_show_commands() -> None:
+    assert len(page_commands()) >= 25
+    assert len(transcripts()) >= 1
+
+
+@pytest.mark.parametrize(("where", "args"), page_commands(), ids=lambda v: str(v)[:70])
+def test_every_command_line_of_the_pages_parses(where: str, args: list[str]) -> None:
+    command = cli.commands[args[0]]
+    with command.make_context(args[0], list(args[1:])) as ctx:  # raises on a bad option
+        assert ctx.params is not None, where
+
+
+def transcripts() -> list[tuple[str, str, str]]:
+    """(where, command, output) of each `$ once periods ...` transcript of the pages: what
+    once periods prints depends on nothing but its arguments, so it runs here."""
+    found = []
+    for path in markdown_pages():
+        for n, block in code_blocks(path):
+            if block and block[0].startswith("$ once periods "):
+                rest = [row for row in block[1:] if row.strip()]
+                if not any(row.startswith("$ ") for row in rest):
+                    found.append((f"{path.relative_to(EXAMPLES.parent)}:{n}", block[0][2:],
+                                  "\n".join(rest)))
+    return found
+
+
+@pytest.mark.parametrize(("where", "command", "shown"), transcripts(), ids=lambda v: str(v)[:50])
+def test_every_periods_transcript_prints_what_it_shows(where: str, command: str,
+                                                        shown: str) -> None:
+    import sys
+
+    words = shlex.split(command)
+    done = subprocess.run([sys.executable, "-m", "once", *words[1:]], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, (where, done.stderr)
+    assert done.stdout.rstrip("\n") == shown, where

@@ -1,5 +1,6 @@
 """The hot path's rule, as a test: `once run` never imports SQLAlchemy, rich, the reports or
-the other commands, whether it claims and runs the period or skips it (README "Layout")."""
+the other commands, whether it claims and runs the period or skips it (docs/contributing.md
+"Layout")."""
 
 from __future__ import annotations
 
@@ -12,20 +13,22 @@ import pytest
 from helpers import run_once
 
 # What only reports, table creation and the other commands need.
-FORBIDDEN = ("sqlalchemy", "rich", "once.report", "once.commands", "once.gaps",
-             "once.ledger.schema", "once.ledger.prune", "once.ledger.queries",
-             "once.ledger.engines", "once.progress", "once._docs", "once.serve", "http.server")
+FORBIDDEN = ("sqlalchemy", "rich", "once.report", "once.cli.commands", "once.gaps",
+             "once.ledger.schema", "once.ledger.prune", "once.ledger.history",
+             "once.ledger.fleet", "once.ledger.rows", "once.ledger.dbapi",
+             "once.ledger.engines", "once.cli.progress", "once._docs", "once.serve", "http.server")
 # Nor, on a skip against SQLite, what only a won claim, a ping, a host in the URL or a zone
 # other than UTC needs (psycopg loads some of these itself): @dataclass compiles its methods
 # on every import, zoneinfo loads sysconfig.
 SKIP_FORBIDDEN = ("dataclasses", "urllib.parse", "ipaddress", "zoneinfo", "sysconfig",
-                  "once.runner", "once.lease", "once.attempt", "once.notify", "subprocess")
+                  "once.run.wrapper", "once.run.machine", "once.run.lease", "once.run.attempt",
+                  "once.run.notify", "subprocess")
 
 # Runs once's entry point like the installed script, and writes the modules it loaded.
 _PROBE = ("import atexit, sys\n"
           "out = sys.argv.pop(1)\n"
           "atexit.register(lambda: open(out, 'w').write('\\n'.join(sorted(sys.modules))))\n"
-          "from once.cli import main\n"
+          "from once.cli.main import main\n"
           "main(sys.argv[1:])\n")
 
 
@@ -50,10 +53,11 @@ def test_once_run_imports_nothing_of_the_report_path(once_env: dict[str, str],
     lag = "1" if fire == "claimed" else "0"
     loaded = _modules(once_env, tmp_path, "run", "--job", "hot", "--every", "day", "--lag",
                       lag, "--", "true")
-    assert "once.core" in loaded  # the probe saw a real run
+    assert "once.run.flow" in loaded  # the probe saw a real run
     assert not [m for m in loaded if _forbidden(m)]
+    assert "once.run.backfill" not in loaded  # catch-up's loop: only with --catchup
     # The output relay is imported only by a run that won its claim.
-    assert ("once.relay" in loaded) == (fire == "claimed")
+    assert ("once.run.relay" in loaded) == (fire == "claimed")
     if fire == "skipped" and once_env["ONCE_DATABASE_URL"].startswith("sqlite"):
         assert not loaded & set(SKIP_FORBIDDEN)
 

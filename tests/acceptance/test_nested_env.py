@@ -1,6 +1,6 @@
 """`once` inside `once`: nothing the outer run gives its command or hooks changes how a nested
-`once` behaves (README "The command's environment"). The real command, on a SQLite ledger
-(the environment does not depend on the backend)."""
+`once` behaves (docs/reference/run.md "The command's environment"). The real command, on a
+SQLite ledger (the environment does not depend on the backend)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import click
 import pytest
 
 from helpers import ONCE, run_once
-from once.child import EXPORTED
-from once.cli import cli, load_commands
+from once.cli.main import cli, load_commands
+from once.run.child import EXPORTED
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "once"
 
@@ -125,7 +125,7 @@ def read_variables() -> set[str]:
             elif param.allow_from_autoenv and param.name and ctx.auto_envvar_prefix:
                 names.add(f"{ctx.auto_envvar_prefix}_{param.name.upper()}")
     pattern = re.compile(r"""(?:environ(?:\.get)?[\[(]|getenv\()\s*["'](ONCE_\w+)["']""")
-    for source in SRC.glob("*.py"):
+    for source in SRC.rglob("*.py"):
         names.update(pattern.findall(source.read_text()))
     return names
 

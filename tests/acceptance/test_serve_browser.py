@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 import pytest
 
+from devtools import Browser
 from helpers import run_once, wait_for
 from procs import start_once
 from serving import Served
@@ -66,7 +67,8 @@ def build_fleet(env: dict[str, str], tmp_path: Path,
     once(env, "catchup", "--job", "weekly-report", "--every", "week", "--since", day(-60),
          "--until", day(-8), "--", "true")
     once(env, "run", "--job", "weekly-report", "--every", "week", "--max-attempts", "1", "--",
-         "false")
+         "sh", "-c", "echo 'loading 1,204 rows'; echo 'error: relation \"orders_2026\" does "
+         "not exist (SQLSTATE 42P01) while building the weekly report'; exit 1")
     once(env, "catchup", "--job", "backup", "--every", "day", "--since", day(-20), "--until",
          day(-1), "--", "true")
     stuck = start_once("run", "--job", "backup", "--every", "day", "--stale-after", "1s", "--",
@@ -77,7 +79,8 @@ def build_fleet(env: dict[str, str], tmp_path: Path,
     if hostile:
         once(env, "run", "--job", HOSTILE, "--every", "day", "--", "true")
     running = start_once("run", "--job", "hourly-sync", "--every", "hour", "--", "sh", "-c",
-                         f"touch {tmp_path}/running; exec sleep 120", env=env)
+                         f"touch {tmp_path}/running; exec sleep 120",
+                         env={**env, "ONCE_OWNER": "batch-worker-eu-west-1c-7f9d8b6c4-x2kqp:48213"})
     wait_for(lambda: (tmp_path / "running").exists(), what="the running sync")
     return running
 
@@ -140,3 +143,96 @@ def test_the_page_refreshes_itself_in_place(served: Served, tmp_path: Path) -> N
         assert f'href="/job/{job}"' in dom, job
     assert dom.count("<tbody>") == 1 and "STALE" in dom
     assert '<div id="offline" class="banner" hidden="">' in dom
+
+
+# The widths the pages must fit without scrolling sideways: a phone, a laptop, a desktop.
+VIEWPORTS = {"phone": (390, True), "laptop": (1366, False), "desktop": (1920, False)}
+
+
+@pytest.mark.parametrize("viewport", sorted(VIEWPORTS))
+def test_the_pages_fit_the_screen_and_stack_into_cards_on_a_phone(
+        served: Served, tmp_path: Path, viewport: str) -> None:
+    width, phone = VIEWPORTS[viewport]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser = Browser(chromium(), tmp_path / "devtools")
+    try:
+        for page, path in (("overview", "/"), ("job", "/job/weekly-report"),
+                           ("filtered", "/?state=problems&sort=name")):
+            browser.open(served.url + path, width, mobile=phone)
+            shot = ARTIFACTS / f"serve-{page}-{width}.png"
+            browser.screenshot(shot)
+            assert shot.stat().st_size > 10_000
+            sideways = browser.evaluate("document.documentElement.scrollWidth - innerWidth")
+            assert sideways <= 0, f"{path} at {width}px scrolls {sideways}px sideways"
+            # every column's heading (or, on a phone, every card) within the screen
+            right = browser.evaluate("Math.max(...[...document.querySelectorAll('th, tr')]"
+                                     ".map(e => e.getBoundingClientRect().right))")
+            assert right <= width, (path, right)
+            rows = browser.evaluate("getComputedStyle(document.querySelector('tbody tr'))"
+                                    ".display")
+            assert rows == ("block" if phone else "table-row"), (path, rows)
+        # the overview says what the failure said, and links to its whole output
+        browser.open(served.url + "/", width, mobile=phone)
+        link = browser.evaluate("[...document.querySelectorAll('a.line')].find(a => "
+                                "a.href.includes('weekly')).href")
+        assert "relation" in browser.evaluate("document.body.innerText")
+        browser.open(link, width, mobile=phone)
+        text = browser.evaluate("document.querySelector('pre.output').innerText")
+        assert text.splitlines()[-1].startswith('error: relation "orders_2026"')
+        browser.screenshot(ARTIFACTS / f"serve-output-{width}.png")
+        assert browser.evaluate("document.documentElement.scrollWidth - innerWidth") <= 0
+    finally:
+        browser.close()
+
+
+# -- the docs site -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def docs_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The docs site as `mkdocs build --strict` makes it, served over HTTP on loopback (its
+    search loads its index by fetch, which a file:// page may not)."""
+    import sys
+    import threading
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    site = tmp_path_factory.mktemp("docs") / "site"
+    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+                            "-d", str(site)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert built.returncode == 0, built.stderr
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(site)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+@pytest.mark.parametrize(("page", "path", "words"), [
+    ("home", "/index.html", ("exactly once per period", "Getting started")),
+    ("how-to", "/how-to/deploying.html", ("Kubernetes", "crontab")),
+    ("reference", "/reference/commands.html", ("once run", "--stale-after")),
+])
+def test_the_docs_site_opens_in_chromium(docs_site: str, tmp_path: Path, page: str, path: str,
+                                         words: tuple[str, ...]) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / f"docs-{page}.png"
+    shot.unlink(missing_ok=True)
+    result = browse(docs_site + path, tmp_path, f"--screenshot={shot}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert console(result.stderr) == [], console(result.stderr)
+    assert shot.stat().st_size > 10_000
+    dom = browse(docs_site + path, tmp_path, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-3000:]
+    for word in words:
+        assert word in dom.stdout, (path, word)
+    assert 'class="md-nav' in dom.stdout  # the theme's navigation was drawn

@@ -46,18 +46,6 @@ def test_finish_in_the_callers_transaction(ledger_url: str) -> None:
     assert query(ledger_url, "SELECT count(*) FROM work") == [(1,)]
 
 
-def test_finish_in_raises_when_the_claim_was_taken_over(ledger_url: str) -> None:
-    target = parse_url(ledger_url)
-    with (pytest.raises(once.FencedOut),
-          once.claim("fenced", every="day", db=ledger_url) as run):
-        query(ledger_url, "UPDATE once_runs SET attempt = attempt + 1")  # someone took over
-        conn, _cur = _connect(target)
-        try:
-            run.finish_in(conn)
-        finally:
-            conn.close()
-
-
 def test_a_forked_child_leaving_the_block_does_not_finish_the_claim(ledger_url: str) -> None:
     """A child forked inside the block that leaves it the usual way (sys.exit) neither
     finishes, renews nor closes the parent's claim; the parent then finishes it as usual."""
@@ -80,6 +68,7 @@ def test_a_forked_child_leaving_the_block_does_not_finish_the_claim(ledger_url: 
     assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 1)]
 
 
+@pytest.mark.slow
 def test_the_heartbeat_keeps_a_long_block_alive(ledger_url: str) -> None:
     with once.claim("long", every="day", db=ledger_url, stale_after=3) as run:
         for _ in range(16):  # 8 s: past two deadlines without renewals

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import once
-from helpers import run_once
+from helpers import run_either
 from ledger_sql import query
 
 DAY = ["--every", "day"]
@@ -46,7 +46,7 @@ def tables(url: str) -> set[str]:
 
 def run(*args: str, env: dict[str, str], marker: Path) -> Any:
     """`once run ... -- touch MARKER`."""
-    return run_once("run", *args, "--", "touch", str(marker), env=env)
+    return run_either("run", *args, "--", "touch", str(marker), env=env)
 
 
 # -- 1. ?charset= in a MySQL/MariaDB URL -------------------------------------------------------
@@ -62,7 +62,7 @@ def test_charset_in_a_mysql_url_works(once_env: dict[str, str], ledger_url: str,
     assert (tmp_path / "ran").exists()
     for report in (["status"], ["check"], ["history", "cs"], ["metrics"],
                    ["prune", "--older-than", "1d"]):
-        result = run_once(*report, env=env)
+        result = run_either(*report, env=env)
         assert result.returncode == 0, (report, result.stderr)
     refused = run("--job", "cs", *DAY, env={**env, "ONCE_DATABASE_URL": ledger_url
                                             + "?charset=latin1"}, marker=tmp_path / "x")
@@ -85,7 +85,7 @@ def test_a_bad_secret_file_is_a_usage_error(once_env: dict[str, str], ledger_url
     env["ONCE_DATABASE_URL_FILE"] = str(secret)
     for args in (["run", "--job", "s", *DAY, "--", "touch", str(tmp_path / "ran")],
                  ["status"], ["check"], ["prune", "--older-than", "1d"], ["schema"]):
-        result = run_once(*args, env=env)
+        result = run_either(*args, env=env)
         assert "ONCE_DATABASE_URL_FILE" in one_line(result, 2), args
     assert not (tmp_path / "ran").exists()
     assert not tables(ledger_url)
@@ -107,7 +107,7 @@ def test_a_malformed_host_is_a_usage_error(tmp_path: Path, url: str) -> None:
                  ["status", "--db", url], ["check", "--db", url], ["metrics", "--db", url],
                  ["history", "h", "--db", url], ["prune", "--older-than", "1d", "--db", url],
                  ["schema", "--db", url]):
-        line = one_line(run_once(*args, env=once_env), 2)
+        line = one_line(run_either(*args, env=once_env), 2)
         assert "bad host" in line and "secret" not in line, (args, line)
     assert not (tmp_path / "r").exists()
 
@@ -124,7 +124,7 @@ def test_a_bad_port_is_a_usage_error_for_every_command(tmp_path: Path, url: str)
                  ["status", "--db", url], ["check", "--db", url], ["metrics", "--db", url],
                  ["history", "h", "--db", url], ["logs", "h", "--db", url],
                  ["prune", "--older-than", "1d", "--db", url], ["state", "h", "--db", url]):
-        assert "bad port" in one_line(run_once(*args, env=once_env), 2), args
+        assert "bad port" in one_line(run_either(*args, env=once_env), 2), args
     assert not (tmp_path / "r").exists()
 
 
@@ -141,7 +141,7 @@ def test_a_mysql_query_the_driver_cannot_use_is_a_usage_error(tmp_path: Path,
                  ["status", "--db", url], ["check", "--db", url], ["metrics", "--db", url],
                  ["history", "h", "--db", url], ["logs", "h", "--db", url],
                  ["prune", "--older-than", "1d", "--db", url]):
-        line = one_line(run_once(*args, env=once_env), 2)
+        line = one_line(run_either(*args, env=once_env), 2)
         assert query.partition("=")[0] in line, (args, line)
     assert not (tmp_path / "r").exists()
 
@@ -155,7 +155,7 @@ def test_a_mysql_ssl_file_that_is_no_certificate_is_one_line_and_75(
     url = f"{ledger_url}?ssl_ca={bogus}"
     for args in (["status"], ["check"], ["metrics"], ["history", "h"],
                  ["prune", "--older-than", "1d"], ["run", "--job", "h", *DAY, "--", "true"]):
-        result = run_once(args[0], "--db", url, *args[1:], env=once_env)
+        result = run_either(args[0], "--db", url, *args[1:], env=once_env)
         assert result.returncode == 75, (args, url, result.returncode, result.stderr)
         one_line(result, 75)
 
@@ -179,7 +179,7 @@ def test_namespace_and_job_fit_the_key_column_or_are_refused(once_env: dict[str,
                      ["history", name, "--namespace", namespace],
                      ["rerun", "--job", name, "--namespace", namespace, "--period",
                       "2026-01-01", "--", "true"]):
-            assert "at most 255" in one_line(run_once(*args, env=once_env), 2), args
+            assert "at most 255" in one_line(run_either(*args, env=once_env), 2), args
     assert not (tmp_path / "refused").exists()
     assert len(query(ledger_url, "SELECT job FROM once_jobs")) == 1
 
@@ -227,7 +227,7 @@ def test_a_bad_once_owner_is_a_usage_error(once_env: dict[str, str], ledger_url:
                  ["catchup", "--job", "o", *DAY, "--since", "2026-01-01", "--", "true"],
                  ["rerun", "--job", "o", "--period", "2026-01-01", "--", "true"],
                  ["state", "o", "--set", "1"]):
-        assert "ONCE_OWNER" in one_line(run_once(*args, env=env), 2), args
+        assert "ONCE_OWNER" in one_line(run_either(*args, env=env), 2), args
     assert not (tmp_path / "ran").exists()
     assert not tables(ledger_url)
     fits = run("--job", "o", *DAY, env={**once_env, "ONCE_OWNER": "ö" * 255},
@@ -241,12 +241,12 @@ def test_a_reason_that_is_not_utf8_is_a_usage_error(once_env: dict[str, str],
     assert run("--job", "r", *DAY, env=once_env, marker=tmp_path / "first").returncode == 0
     key = query(ledger_url, "SELECT period FROM once_runs")[0][0]
     for reason in ("late \udcff file", "x" * 1001):
-        refused = run_once("rerun", "--job", "r", "--period", key, "--reason", reason, "--",
+        refused = run_either("rerun", "--job", "r", "--period", key, "--reason", reason, "--",
                            "touch", str(tmp_path / "again"), env=once_env)
         assert "--reason" in one_line(refused, 2)
     assert not (tmp_path / "again").exists()
     assert query(ledger_url, "SELECT count(*) FROM once_attempts") == [(1,)]
-    fine = run_once("rerun", "--job", "r", "--period", key, "--reason", "late bank file ✓",
+    fine = run_either("rerun", "--job", "r", "--period", key, "--reason", "late bank file ✓",
                     "--", "true", env=once_env)
     assert fine.returncode == 0, fine.stderr
 
@@ -268,7 +268,7 @@ def test_prune_without_tables_says_so_and_creates_nothing(once_env: dict[str, st
                                                           ledger_url: str,
                                                           tmp_path: Path) -> None:
     for dry in ([], ["--dry-run"]):
-        result = run_once("prune", "--older-than", "30d", *dry, env=once_env)
+        result = run_either("prune", "--older-than", "30d", *dry, env=once_env)
         assert "nothing to prune" in one_line(result, 0)
         assert result.stdout.endswith("0 done rows and 0 attempts\n")
     assert not tables(ledger_url)
@@ -276,7 +276,7 @@ def test_prune_without_tables_says_so_and_creates_nothing(once_env: dict[str, st
         assert not Path(ledger_url.partition(":///")[2]).exists(), "an empty .db was left"
         empty = tmp_path / "empty.db"
         empty.touch()
-        result = run_once("prune", "--older-than", "30d", "--db", f"sqlite:///{empty}",
+        result = run_either("prune", "--older-than", "30d", "--db", f"sqlite:///{empty}",
                           env=once_env)
         assert "nothing to prune" in one_line(result, 0)
 
@@ -290,7 +290,7 @@ def test_prune_against_an_unreachable_ledger_is_one_line_and_75(once_env: dict[s
     else:
         scheme = ledger_url.partition("://")[0]
         url = f"{scheme}://nobody@127.0.0.1:1/nowhere"
-    result = run_once("prune", "--older-than", "30d", "--db", url, env=once_env)
+    result = run_either("prune", "--older-than", "30d", "--db", url, env=once_env)
     assert "cannot prune the ledger" in one_line(result, 75)
 
 
@@ -301,13 +301,13 @@ def test_a_pruned_period_whose_attempt_was_taken_over_can_be_claimed_again(
         once_env: dict[str, str], ledger_url: str) -> None:
     args = ["catchup", "--job", "p", *DAY, "--since", "2026-01-01", "--until", "2026-01-03",
             "-q", "--", "true"]
-    assert run_once(*args, env=once_env).returncode == 0
+    assert run_either(*args, env=once_env).returncode == 0
     # 2026-01-01 as a takeover leaves it: attempt 1 never finished, attempt 2 did.
     query(ledger_url, "UPDATE once_runs SET attempt = 2 WHERE period = '2026-01-01'")
     query(ledger_url, "UPDATE once_attempts SET attempt = 2 WHERE period = '2026-01-01'")
     query(ledger_url, "INSERT INTO once_attempts (job, period, attempt, fence, owner, status, "
-                      "started_at) SELECT job, period, 1, fence, owner, 'running', started_at "
-                      "FROM once_runs WHERE period = '2026-01-01'")
+                      "started_at, claim_id) SELECT job, period, 1, fence, owner, 'running', "
+                      "started_at, 'taken-over-1' FROM once_runs WHERE period = '2026-01-01'")
     # Finished long ago by the database's own clock.
     query(ledger_url, "UPDATE once_runs SET finished_at = period_start")
     query(ledger_url, "UPDATE once_attempts SET finished_at = started_at - "
@@ -317,17 +317,17 @@ def test_a_pruned_period_whose_attempt_was_taken_over_can_be_claimed_again(
     if ledger_url.startswith("sqlite"):
         query(ledger_url, "UPDATE once_attempts SET finished_at = '2025-01-01 00:00:00.000000' "
                           "WHERE finished_at IS NOT NULL")
-    dry = run_once("prune", "--older-than", "30d", "--dry-run", env=once_env)
+    dry = run_either("prune", "--older-than", "30d", "--dry-run", env=once_env)
     assert dry.stdout.startswith("would delete 2 done rows and 4 attempts"), dry.stdout
-    pruned = run_once("prune", "--older-than", "30d", env=once_env)
+    pruned = run_either("prune", "--older-than", "30d", env=once_env)
     assert pruned.stdout.startswith("deleted 2 done rows and 4 attempts"), pruned.stdout
     assert query(ledger_url, "SELECT count(*) FROM once_attempts") == [(0,)]
-    again = run_once("catchup", "--job", "p", *DAY, "--since", "2026-01-01", "--until",
+    again = run_either("catchup", "--job", "p", *DAY, "--since", "2026-01-01", "--until",
                      "2026-01-01", "--", "true", env=once_env)
     assert again.returncode == 0, again.stderr
     assert query(ledger_url, "SELECT status, attempt FROM once_runs "
                              "WHERE period = '2026-01-01'") == [("done", 1)]
-    history = run_once("history", "p", "--json", env=once_env)
+    history = run_either("history", "p", "--json", env=once_env)
     assert history.returncode == 0 and '"2026-01-01"' in history.stdout, history.stderr
 
 
@@ -340,7 +340,7 @@ def test_catchup_and_rerun_refuse_a_period_that_has_not_begun(once_env: dict[str
     today = datetime.now(UTC).date()
     past, future = str(today - timedelta(days=3)), str(today + timedelta(days=2))
     # Up to now: fine.
-    assert run_once("catchup", "--job", "f", *DAY, "--since", past, "-q", "--", "true",
+    assert run_either("catchup", "--job", "f", *DAY, "--since", past, "-q", "--", "true",
                     env=once_env).returncode == 0
     done = query(ledger_url, "SELECT count(*) FROM once_runs")[0][0]
     ran = tmp_path / "ran"
@@ -348,16 +348,16 @@ def test_catchup_and_rerun_refuse_a_period_that_has_not_begun(once_env: dict[str
                  ["catchup", "--job", "f", *DAY, "--since", future, "--until", future],
                  ["catchup", "--job", "f", *DAY, "--since", past, "--until", "9999-12-30"],
                  ["rerun", "--job", "f", "--period", future]):
-        refused = run_once(*args, "--", "touch", str(ran), env=once_env)
+        refused = run_either(*args, "--", "touch", str(ran), env=once_env)
         assert "has not begun" in one_line(refused, 2), args
     assert not ran.exists()
     assert query(ledger_url, "SELECT count(*) FROM once_runs") == [(done,)]
     # Ahead of time only when asked for.
-    ahead = run_once("catchup", "--job", "f", *DAY, "--since", past, "--until", future,
+    ahead = run_either("catchup", "--job", "f", *DAY, "--since", past, "--until", future,
                      "--allow-future", "-q", "--", "true", env=once_env)
     assert ahead.returncode == 0, ahead.stderr
     assert query(ledger_url, "SELECT count(*) FROM once_runs") == [(6,)]
-    again = run_once("rerun", "--job", "f", "--period", future, "--allow-future", "--",
+    again = run_either("rerun", "--job", "f", "--period", future, "--allow-future", "--",
                      "true", env=once_env)
     assert again.returncode == 0, again.stderr
 
@@ -372,7 +372,7 @@ def reports(job: str) -> list[list[str]]:
 def reports_read(env: dict[str, str], job: str = "r") -> None:
     """Every report reads the whole ledger: no traceback, a documented status."""
     for args in reports(job):
-        result = run_once(*args, env=env)
+        result = run_either(*args, env=env)
         assert "Traceback" not in result.stderr, (args, result.stderr)
         assert result.returncode in ((0, 1, 2) if args[0] == "check" else (0,)), (
             args, result.stderr)
@@ -380,9 +380,9 @@ def reports_read(env: dict[str, str], job: str = "r") -> None:
 
 def test_periods_before_the_year_1000_are_stored_alike_and_read_back(
         once_env: dict[str, str], ledger_url: str) -> None:
-    assert run_once("run", "--job", "r", *DAY, "--", "true", env=once_env).returncode == 0
+    assert run_either("run", "--job", "r", *DAY, "--", "true", env=once_env).returncode == 0
     for key in ("0001-01-01", "0999-12-31", "0100-06-15"):
-        again = run_once("rerun", "--job", "r", "--period", key, "--", "true", env=once_env)
+        again = run_either("rerun", "--job", "r", "--period", key, "--", "true", env=once_env)
         assert again.returncode == 0, again.stderr
     starts = dict(query(ledger_url, "SELECT period, period_start FROM once_runs"))
     if ledger_url.startswith("sqlite"):  # text: four-digit years, as SQLAlchemy writes them
@@ -398,8 +398,8 @@ def test_a_year_an_earlier_version_wrote_unpadded_is_read_and_repaired(
         once_env: dict[str, str], ledger_url: str) -> None:
     if not ledger_url.startswith("sqlite"):
         pytest.skip("only SQLite stored times as text with strftime's unpadded year")
-    assert run_once("run", "--job", "r", *DAY, "--", "true", env=once_env).returncode == 0
-    assert run_once("rerun", "--job", "r", "--period", "0999-12-31", "--", "true",
+    assert run_either("run", "--job", "r", *DAY, "--", "true", env=once_env).returncode == 0
+    assert run_either("rerun", "--job", "r", "--period", "0999-12-31", "--", "true",
                     env=once_env).returncode == 0
     for column, value in (("period_start", "999-12-31 00:00:00.000000"),
                           ("period_end", "1000-01-01 00:00:00.000000")):
@@ -407,7 +407,7 @@ def test_a_year_an_earlier_version_wrote_unpadded_is_read_and_repaired(
               (value,))
     query(ledger_url, "UPDATE once_jobs SET first_period_start = '999-12-31 00:00:00.000000'")
     reports_read(once_env)
-    assert run_once("schema", env=once_env).returncode == 0
+    assert run_either("schema", env=once_env).returncode == 0
     assert query(ledger_url, "SELECT period_start FROM once_runs WHERE period = "
                              "'0999-12-31'") == [("0999-12-31 00:00:00.000000",)]
     assert query(ledger_url, "SELECT first_period_start FROM once_jobs") == [
@@ -416,12 +416,12 @@ def test_a_year_an_earlier_version_wrote_unpadded_is_read_and_repaired(
 
 
 def _latest_and_first_are(once_env: dict[str, str], first: str) -> None:
-    status = run_once("status", "--json", env=once_env)
+    status = run_either("status", "--json", env=once_env)
     (job,) = json.loads(status.stdout)
     today = datetime.now(UTC).date().isoformat()
     assert (job["last_done"], job["first_period"]) == (today, first), job
     # Catch-up starts at the oldest gap, the day after the first period.
-    dry = run_once("catchup", "--job", "r", *DAY, "--dry-run", "--max", "1", env=once_env)
+    dry = run_either("catchup", "--job", "r", *DAY, "--dry-run", "--max", "1", env=once_env)
     assert dry.returncode == 0, dry.stderr
     after = datetime.strptime(first, "%Y-%m-%d").date() + timedelta(days=1)
     assert dry.stdout.split()[0] == f"{after.year:04d}-{after:%m-%d}", dry.stdout
@@ -430,41 +430,42 @@ def _latest_and_first_are(once_env: dict[str, str], first: str) -> None:
 # -- 9. seeding a watermark before the first run ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_watermark_can_be_seeded_before_the_job_first_runs(once_env: dict[str, str],
                                                              ledger_url: str,
                                                              tmp_path: Path) -> None:
     # Typo protection: a job that has never run needs its schedule to be set.
-    refused = run_once("state", "seeded", "--set", "2026-01-01", env=once_env)
+    refused = run_either("state", "seeded", "--set", "2026-01-01", env=once_env)
     assert "--every or --cron" in one_line(refused, 2)
-    assert "--set" in one_line(run_once("state", "seeded", *DAY, env=once_env), 2)
-    assert "unknown job" in one_line(run_once("state", "seeded", env=once_env), 2)
+    assert "--set" in one_line(run_either("state", "seeded", *DAY, env=once_env), 2)
+    assert "unknown job" in one_line(run_either("state", "seeded", env=once_env), 2)
     # Seeded on a ledger without tables: they are created, the job registered, no fire.
-    seeded = run_once("state", "seeded", "--set", "2026-01-01", *DAY, "--tz",
+    seeded = run_either("state", "seeded", "--set", "2026-01-01", *DAY, "--tz",
                       "Europe/Berlin", env=once_env)
     assert "registered until its first run" in one_line(seeded, 0)
-    assert run_once("state", "seeded", env=once_env).stdout == "2026-01-01\n"
-    assert query(ledger_url, "SELECT fence, fires, schedule, tz FROM once_jobs") == [
+    assert run_either("state", "seeded", env=once_env).stdout == "2026-01-01\n"
+    assert query(ledger_url, "SELECT fence, fire_count, schedule, tz FROM once_jobs") == [
         (0, 0, "day", "Europe/Berlin")]
     reports_read(once_env, "seeded")
-    check = run_once("check", "seeded", env=once_env)  # not due before its first fire
+    check = run_either("check", "seeded", env=once_env)  # not due before its first fire
     assert check.returncode == 0 and check.stdout.startswith("OK 1 job"), check.stdout
     # The first run starts from the seed, takes fence 1 and its own schedule.
     got = tmp_path / "got"
-    first = run_once("run", "--job", "seeded", "--every", "hour", "--state", "--", "sh", "-c",
+    first = run_either("run", "--job", "seeded", "--every", "hour", "--state", "--", "sh", "-c",
                      f'printf %s "$ONCE_STATE" > {got}; echo 2026-02-01 > "$ONCE_STATE_OUT"',
                      env=once_env)
     assert first.returncode == 0, first.stderr
     assert got.read_text() == "2026-01-01"
-    assert query(ledger_url, "SELECT fence, fires, schedule, tz FROM once_jobs") == [
+    assert query(ledger_url, "SELECT fence, fire_count, schedule, tz FROM once_jobs") == [
         (1, 1, "hour", "UTC")]
     # A job that has run keeps its schedule: a seed's options then change nothing but the value.
-    again = run_once("state", "seeded", "--set", "x", "--cron", "0 3 * * *", env=once_env)
+    again = run_either("state", "seeded", "--set", "x", "--cron", "0 3 * * *", env=once_env)
     assert "registered" not in one_line(again, 0)
     assert query(ledger_url, "SELECT schedule, state FROM once_jobs") == [("hour", "x")]
     reports_read(once_env, "seeded")
     # A cron schedule and a namespace seed alike.
-    cron = run_once("state", "c", "--namespace", "ns", "--set", "7", "--cron", "0 3 * * *",
+    cron = run_either("state", "c", "--namespace", "ns", "--set", "7", "--cron", "0 3 * * *",
                     env=once_env)
     assert cron.returncode == 0, cron.stderr
-    assert run_once("state", "ns:c", env=once_env).stdout == "7\n"
+    assert run_either("state", "ns:c", env=once_env).stdout == "7\n"
     reports_read(once_env, "ns:c")

@@ -132,6 +132,8 @@ def test_rerun_is_refused_while_a_live_owner_holds_the_period(env: dict[str, str
                                                               ledger_url: str) -> None:
     assert catchup(env, "--since", "2026-10-24", "--until", "2026-10-24").returncode == 0
     query(ledger_url, "UPDATE once_runs SET status='running', finished_at=NULL")
+    query(ledger_url, "UPDATE once_attempts SET status='running', finished_at=NULL, "
+                      "exit_code=NULL, outcome=NULL")  # a live attempt, not a done marker
     result = run_once("rerun", "--job", "daily", "--period", "2026-10-24", "--",
                       *LOG_CHILD, env=env)
     assert result.returncode == 69

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_once, wait_for
+from helpers import run_either, wait_for
 from ledger_sql import query
-from once import core
 from once.ledger import Job, open_ledger, parse_url, schema
 from once.periods import Period, schedule
+from once.run import flow
 from once.stored import shard_keys
 from procs import alive, parent, pids, start_once
 
@@ -41,20 +41,20 @@ def logged(env: dict[str, str]) -> list[tuple[str, str]]:
 
 
 def fire(env: dict[str, str], lag: int, command: list[str] = LOG_CHILD) -> int:
-    return run_once("run", *DAY, "--lag", str(lag), "--", *command, env=env).returncode
+    return run_either("run", *DAY, "--lag", str(lag), "--", *command, env=env).returncode
 
 
 def make_up(env: dict[str, str], how: str, *args: str) -> None:
     """`once run --catchup 5` or `once catchup`, which must succeed."""
     if how == "run":
-        result = run_once("run", *DAY, "--catchup", "5", *args, "--", *LOG_CHILD, env=env)
+        result = run_either("run", *DAY, "--catchup", "5", *args, "--", *LOG_CHILD, env=env)
     else:
-        result = run_once("catchup", *DAY, *args, "--", *LOG_CHILD, env=env)
+        result = run_either("catchup", *DAY, *args, "--", *LOG_CHILD, env=env)
     assert result.returncode == 0, result.stderr
 
 
 def check(env: dict[str, str]) -> tuple[int, str]:
-    result = run_once("check", "gaps", env=env)
+    result = run_either("check", "gaps", env=env)
     return result.returncode, result.stdout
 
 
@@ -95,7 +95,7 @@ def test_catchup_max_and_dry_run_take_the_oldest_that_need_a_run(env: dict[str, 
     assert fire(env, 4) == 0
     assert fire(env, 3, FAIL) == 3
     assert fire(env, 1) == 0
-    dry = run_once("catchup", *DAY, "--dry-run", env=env)
+    dry = run_either("catchup", *DAY, "--dry-run", env=env)
     assert [line.split()[0] for line in dry.stdout.splitlines()] == [day(-3), day(-2), day(0)]
     make_up(env, "catchup", "--max", "1")
     assert logged(env)[3:] == [(day(-3), "2")]
@@ -103,16 +103,16 @@ def test_catchup_max_and_dry_run_take_the_oldest_that_need_a_run(env: dict[str, 
 
 def test_run_catchup_looks_back_n_periods_only(env: dict[str, str]) -> None:
     assert fire(env, 6) == 0  # D-5 .. D-1 missing
-    result = run_once("run", *DAY, "--catchup", "2", "--", *LOG_CHILD, env=env)
+    result = run_either("run", *DAY, "--catchup", "2", "--", *LOG_CHILD, env=env)
     assert result.returncode == 0, result.stderr
     assert logged(env) == [(day(-6), "1"), (day(-2), "1"), (day(-1), "1"), (day(0), "1")]
 
 
 def test_a_failed_out_period_is_left_to_rerun(env: dict[str, str]) -> None:
-    assert run_once("run", *DAY, "--lag", "2", "--max-attempts", "1", "--", *FAIL,
+    assert run_either("run", *DAY, "--lag", "2", "--max-attempts", "1", "--", *FAIL,
                     env=env).returncode == 3
     assert fire(env, 1) == 0
-    result = run_once("run", *DAY, "--max-attempts", "1", "--catchup", "5", "--", *LOG_CHILD,
+    result = run_either("run", *DAY, "--max-attempts", "1", "--catchup", "5", "--", *LOG_CHILD,
                       env=env)
     assert result.returncode == 0, result.stderr
     assert logged(env) == [(day(-2), "1"), (day(-1), "1"), (day(0), "1")]
@@ -126,14 +126,14 @@ def test_prune_keeps_the_done_rows_catch_up_needs(env: dict[str, str], ledger_ur
         assert fire(env, lag) == 0
     query(ledger_url, "UPDATE once_runs SET finished_at = period_start "
                       "WHERE finished_at IS NOT NULL")
-    pruned = run_once("prune", "--older-than", "1h", env=env)
+    pruned = run_either("prune", "--older-than", "1h", env=env)
     assert pruned.returncode == 0 and pruned.stdout.startswith("deleted 1 done rows"), (
         pruned.stdout, pruned.stderr)
     left = dict(query(ledger_url, "SELECT period, status FROM once_runs"))
     assert left == {day(-4): "failed", day(-3): "done", day(-2): "done", day(-1): "done"}
     status, found = check(env)
     assert status == 2 and f"{day(-5)} missing" in found and f"{day(-4)} failed" in found
-    dry = run_once("catchup", *DAY, "--dry-run", env=env)
+    dry = run_either("catchup", *DAY, "--dry-run", env=env)
     assert [line.split()[0] for line in dry.stdout.splitlines()] == [day(-5), day(-4), day(0)]
 
 
@@ -167,10 +167,10 @@ def test_the_periods_catch_up_finds_match_brute_force(seed: int, ledger_url: str
         or (rows[key][1] == "failed" and rows[key][2] < 3)
         for key in shard_keys(p.key, shards))]
     with open_ledger(parse_url(ledger_url)) as ledger:
-        assert core.missing_periods(ledger, job, sched, None, until) == expected
-        assert core.missing_periods(ledger, job, sched, None, until, limit=3) == expected[:3]
+        assert flow.missing_periods(ledger, job, sched, None, until) == expected
+        assert flow.missing_periods(ledger, job, sched, None, until, limit=3) == expected[:3]
         window = periods[len(periods) // 2]
-        assert core.missing_periods(ledger, job, sched, window, until, from_first=True) == [
+        assert flow.missing_periods(ledger, job, sched, window, until, from_first=True) == [
             p for p in expected if p.start.astimezone(UTC) >= window.start.astimezone(UTC)]
 
 
@@ -182,9 +182,9 @@ def seed_ledger(url: str, sched: object, shards: int, first: Period,
     old = datetime(2000, 1, 1, tzinfo=UTC)
     with eng.begin() as conn:
         conn.execute(schema.jobs.insert().values(
-            job="j", fence=1, fires=1, kind=sched.kind, schedule=sched.spec,  # type: ignore[attr-defined]
+            job="j", fence=1, fire_count=1, kind=sched.kind, schedule=sched.spec,  # type: ignore[attr-defined]
             tz=sched.tz_name, lag=0, max_attempts=3, stale_after=300.0,  # type: ignore[attr-defined]
-            first_period_start=first.start.astimezone(UTC), created_at=old, last_fire_at=old,
+            first_period_start=first.start.astimezone(UTC), created_at=old, last_fired_at=old,
             shards=shards))
         conn.execute(schema.runs.insert(), [
             {"job": "j", "period": key, "status": status, "attempt": attempt, "fence": 1,

@@ -13,7 +13,7 @@ import pytest
 from child_log import DAY, SHARD_LOG, logged, once_line, run
 from helpers import run_once
 from ledger_sql import query
-from once.core import command_hash
+from once.run.flow import command_hash
 
 pytestmark = pytest.mark.usefixtures("ledger_url")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -156,6 +157,7 @@ def test_the_guard_is_named_once_guard_job_period(sqlite_env: dict[str, str],
 # -- the lease's deadline ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_stopped_owners_command_is_dead_before_the_takeover_starts(
         env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
     # --kill-after is left to its default (10 s), which a 3 s lease cuts to 1 s: SIGTERM a
@@ -186,6 +188,7 @@ def test_a_stopped_owners_command_is_dead_before_the_takeover_starts(
     assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 2)]
 
 
+@pytest.mark.slow
 def test_the_timeout_grace_sleeps(sqlite_env: dict[str, str], tmp_path: Path) -> None:
     # --timeout 1s --kill-after 4s on a command deaf to SIGTERM: four seconds of waiting for
     # the SIGKILL, which must not be spent spinning. The ledger is made first: creating its
@@ -209,6 +212,7 @@ def test_the_timeout_grace_sleeps(sqlite_env: dict[str, str], tmp_path: Path) ->
 # -- --kill-after must fit --stale-after -------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["run", "catchup", "environment"])
 def test_a_kill_after_that_does_not_fit_stale_after_is_a_usage_error(
         sqlite_env: dict[str, str], tmp_path: Path, how: str) -> None:
@@ -291,7 +295,7 @@ def test_the_command_gets_stdio_alone_and_sigpipe_at_default(once_env: dict[str,
 # forwarded one can): the guard's own handler, inherited by the fork, must not swallow it.
 _SIGNAL_IN_THE_WINDOW = """
 import os, signal, sys
-from once import guard
+from once.run import guard
 signal.signal(signal.SIGTERM, guard._ignore)  # the guard's handler for a forwarded signal
 close = guard._close_inherited
 def close_and_signal(keep):
@@ -309,3 +313,116 @@ def test_a_signal_between_fork_and_exec_reaches_the_command() -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{int(signal.SIGTERM)}\n"  # not "started": it never ran
+
+
+# -- a catch-up's kept guard (once.run.keeper) -------------------------------------------------
+
+MINUTES = ["--every", "minute", "--since", "2026-01-01T00:00", "--until", "2026-01-01T00:03"]
+SECOND = "2026-01-01T00:01+00:00"
+# Each period logs its key and its guard's pid; the one named $SLOW waits to be killed.
+PERIOD_LOG = ('echo "$ONCE_PERIOD $PPID" >> "$DIR/log"; '
+              'if [ "$ONCE_PERIOD" = "$SLOW" ]; then echo $$ > "$DIR/pids"; exec sleep 600; fi')
+
+
+def period_log(tmp_path: Path) -> list[tuple[str, int]]:
+    return [(key, int(guard)) for key, guard in
+            (line.split() for line in (tmp_path / "log").read_text().splitlines())]
+
+
+def test_a_killed_kept_guard_reaches_only_the_period_it_was_running(
+        env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
+    catchup = ["catchup", "--job", "kept", *MINUTES, "--stale-after", CALM, "--keep-going",
+               "--", "sh", "-c", PERIOD_LOG]
+    owner = start_once(*catchup, env={**env, "SLOW": SECOND})
+    (command,), guard = started(tmp_path, 1)
+    assert period_log(tmp_path)[0] == ("2026-01-01T00:00+00:00", guard)  # kept from the first
+    os.kill(guard, signal.SIGKILL)
+    wait_for(lambda: not alive(command), timeout=2.0, what="the command to die with its guard")
+    status = owner.wait(60)
+    err = owner.stderr.read() if owner.stderr else ""
+    assert status == 137, err  # --keep-going: the first failure's status
+    assert "guard process was killed by signal 9" in err and "recorded failed" in err, err
+    runs = period_log(tmp_path)
+    assert [key for key, _ in runs] == [f"2026-01-01T00:0{n}+00:00" for n in range(4)]
+    later = {pid for _, pid in runs[2:]}
+    assert len(later) == 1 and guard not in later  # a new guard, itself kept
+    assert query(ledger_url, "SELECT period, status, attempt, exit_code FROM once_runs "
+                 "ORDER BY period") == [
+        ("2026-01-01T00:00+00:00", "done", 1, 0), (SECOND, "failed", 1, 137),
+        ("2026-01-01T00:02+00:00", "done", 1, 0), ("2026-01-01T00:03+00:00", "done", 1, 0)]
+    assert query(ledger_url, f"SELECT outcome FROM once_attempts WHERE period = '{SECOND}'"
+                 ) == [("guard-died",)]
+    again = run_once(*catchup, env=env)  # the failure is retried, and it alone
+    assert again.returncode == 0, again.stderr
+    assert [key for key, _ in period_log(tmp_path)[4:]] == [SECOND]
+    assert query(ledger_url, f"SELECT status, attempt FROM once_runs WHERE period = '{SECOND}'"
+                 ) == [("done", 2)]
+
+
+def test_a_command_that_leaves_a_process_behind_gets_a_new_guard_for_the_next_period(
+        env: dict[str, str], tmp_path: Path) -> None:
+    # What it left keeps running, as after a guard of its own, and no later period's group
+    # (nor a signal to it) can reach it.
+    leave = ('echo "$ONCE_PERIOD $PPID" >> "$DIR/log"; '
+             'if [ "$ONCE_PERIOD" = "$SLOW" ]; then sleep 600 & echo $! > "$DIR/pids"; fi')
+    result = run_once("catchup", "--job", "left", *MINUTES, "--", "sh", "-c", leave,
+                      env={**env, "SLOW": SECOND})
+    assert result.returncode == 0, result.stderr
+    (left,) = pids(tmp_path / "pids", 1) or []
+    guards = [pid for _, pid in period_log(tmp_path)]
+    assert guards[0] == guards[1] != guards[2] == guards[3]
+    assert alive(left) and process_group(left) == guards[1]
+
+
+def test_a_period_that_was_stopped_gets_its_successor_a_new_guard(
+        env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
+    slow = ('echo "$ONCE_PERIOD $PPID" >> "$DIR/log"; '
+            'if [ "$ONCE_PERIOD" = "$SLOW" ]; then exec sleep 600; fi')
+    result = run_once("catchup", "--job", "stopped", *MINUTES, "--timeout", "1s",
+                      "--kill-after", "1s", "--keep-going", "--", "sh", "-c", slow,
+                      env={**env, "SLOW": SECOND})
+    assert result.returncode == 124, result.stderr
+    guards = [pid for _, pid in period_log(tmp_path)]
+    assert guards[0] == guards[1] != guards[2] == guards[3]
+    assert query(ledger_url, "SELECT status FROM once_runs ORDER BY period") == [
+        ("done",), ("failed",), ("done",), ("done",)]
+
+
+def waits_for_a_request(guard: int) -> bool:
+    """The kept guard is idle: blocked reading its request socket (its period reaped, its
+    `ready` said)."""
+    return Path(f"/proc/{guard}/wchan").read_text().startswith("unix_stream")
+
+
+def test_a_kept_guard_stopped_between_periods_sees_the_renewals_made_meanwhile(
+        sqlite_env: dict[str, str], tmp_path: Path) -> None:
+    # The guard is stopped (SIGSTOP, or a machine too loaded to run it) after it said `ready`
+    # and before it read the next period's request; the wrapper, alive, claims that period and
+    # renews the claim past the deadline the request carried. On SIGCONT the guard must go by
+    # those renewals, as a forked guard does (they wait in its deadline pipe), and not kill the
+    # command at once for a deadline that never passed: the period is the wrapper's, and done.
+    first = "2026-01-01T00:00+00:00"
+    hold = ('echo "$ONCE_PERIOD $PPID" >> "$DIR/log"; '
+            'if [ "$ONCE_PERIOD" = "$FIRST" ]; then echo $$ > "$DIR/pids"; '
+            'while [ ! -e "$DIR/go" ]; do sleep 0.05; done; else sleep 0.5; fi')
+    owner = start_once("catchup", "--job", "idle", *MINUTES, "--stale-after", "3s", "--",
+                       "sh", "-c", hold, env={**sqlite_env, "FIRST": first})
+    _, guard = started(tmp_path, 1)
+    ledger = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None, timeout=10)
+    ledger.execute("BEGIN IMMEDIATE")  # the first period's result waits, its guard idle
+    try:
+        (tmp_path / "go").touch()
+        wait_for(lambda: waits_for_a_request(guard), what="the guard to wait for a period")
+        os.kill(guard, signal.SIGSTOP)
+    finally:
+        ledger.execute("ROLLBACK")
+        ledger.close()
+    try:
+        time.sleep(5.0)  # the next period claimed, its request sent, its claim renewed
+    finally:
+        os.kill(guard, signal.SIGCONT)
+    status = owner.wait(60)
+    err = owner.stderr.read() if owner.stderr else ""
+    assert status == 0, err
+    assert [key for key, _ in period_log(tmp_path)] == [
+        f"2026-01-01T00:0{n}+00:00" for n in range(4)]

@@ -20,8 +20,8 @@ import pytest
 
 from helpers import ONCE, continue_if_sqlite, run_once, wait_for
 from ledger_sql import query, scalar
-from once.attempt import FINISH_GRACE_MIN as FINISH_GRACE
-from once.ledger import Job, open_ledger, parse_url
+from once.ledger import Claim, Job, open_ledger, parse_url
+from once.run.attempt import FINISH_GRACE_MIN as FINISH_GRACE
 from private_postgres import PrivatePostgres
 from procs import (
     Terminal,
@@ -85,6 +85,7 @@ def child_pids(tmp_path: Path) -> list[int]:
 # -- heartbeats ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_live_owner_keeps_a_run_longer_than_stale_after(env: dict[str, str], tmp_path: Path,
                                                           ledger_url: str) -> None:
     owner = start_once("run", "--job", "long", *DAY, "--stale-after", "3s", "--", "sh", "-c",
@@ -92,11 +93,12 @@ def test_a_live_owner_keeps_a_run_longer_than_stale_after(env: dict[str, str], t
     wait_for(lambda: (tmp_path / "started").exists(), what="the owner's child")
     began = time.monotonic()
     others = []
-    while time.monotonic() - began < 8:  # well over twice --stale-after
+    # Fire for well over twice --stale-after, and at least four times however slow a fire is
+    # on a loaded machine.
+    while time.monotonic() - began < 8 or len(others) < 4:
         others.append(run_once("run", "--job", "long", *DAY, "--stale-after", "3s", "--",
                                "touch", str(tmp_path / "second"), env=env))
         time.sleep(0.5)
-    assert len(others) >= 4
     assert [r.returncode for r in others] == [0] * len(others), [r.stderr for r in others]
     assert not (tmp_path / "second").exists()
     assert owner.poll() is None
@@ -111,6 +113,7 @@ def test_a_live_owner_keeps_a_run_longer_than_stale_after(env: dict[str, str], t
 # -- owner death -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_wrapper_kills_the_whole_command_and_the_claim_goes_stale(
         env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
     stale = 6.0
@@ -182,6 +185,37 @@ def test_a_paused_owner_is_fenced_out_when_it_wakes(env: dict[str, str], tmp_pat
         (1, "running"), (2, "done")]
 
 
+def test_an_owner_woken_past_its_deadline_writes_nothing_and_says_it_was_stopped(
+        env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
+    args = ["run", "--job", "woken", *DAY, "--stale-after", STALE, "--"]
+    first = start_once(*args, "sh", "-c", SLEEPER, env=env)
+    _shell, sleeper = child_pids(tmp_path)
+    # Stopped just after a renewal landed, not in the middle of one: a stop that catches a
+    # renewal in flight is still named an unanswered renewal (a known fault, not this test's).
+    sent = query(ledger_url, "SELECT heartbeat_at FROM once_runs")
+    wait_for(lambda: query(ledger_url, "SELECT heartbeat_at FROM once_runs") != sent,
+             timeout=30, what="a renewal")
+    os.kill(first.pid, signal.SIGSTOP)
+    try:  # the guard keeps the deadline: the command dies by it
+        wait_for(lambda: not alive(sleeper), timeout=30, what="the guard to stop the command")
+        beat = query(ledger_url, "SELECT heartbeat_at FROM once_runs")
+    finally:
+        first.send_signal(signal.SIGCONT)
+    status, _, err = finished(first)
+    assert status == 70
+    line = once_lines(err)[0]
+    assert "its deadline passed before this process could renew (it was stopped" in line, line
+    assert "unreachable" not in line
+    # No renewal sent after waking: a renewal caught mid-statement by the stop may land, but
+    # none that would hold the period one more promise (before, the heartbeat was "now").
+    late = epoch(query(ledger_url, "SELECT heartbeat_at FROM once_runs")[0][0])
+    assert late - epoch(beat[0][0]) < 2.0, (late, beat)  # within the promise it had made
+    def taken_over() -> bool:
+        assert run_once(*args, "true", env=env).returncode == 0
+        return query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 2)]
+    wait_for(taken_over, timeout=2.0 + 10, what="the next fire to take the period over")
+
+
 def test_a_renewal_that_finds_the_row_taken_fences_out(env: dict[str, str], tmp_path: Path,
                                                        ledger_url: str) -> None:
     first = start_once("run", "--job", "taken", *DAY, "--stale-after", STALE, "--", "sh", "-c",
@@ -219,21 +253,6 @@ def test_a_signal_to_the_wrapper_is_forwarded(env: dict[str, str], tmp_path: Pat
         ("failed", 128 + sig)]
 
 
-def test_a_child_that_ignores_sigterm_is_killed_after_kill_after(
-        env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
-    owner = start_once("run", "--job", "deaf", *DAY, "--stale-after", CALM, "--kill-after",
-                       "1s", "--", "sh", "-c", DEAF, env=env)
-    shell, sleeper = child_pids(tmp_path)
-    os.kill(owner.pid, signal.SIGTERM)
-    sent = time.monotonic()
-    status, _, err = finished(owner)
-    took = time.monotonic() - sent
-    assert status == 128 + 9, err
-    assert 0.9 <= took < 1 + 5, took
-    assert not alive(shell) and not alive(sleeper)
-    assert query(ledger_url, "SELECT status, exit_code FROM once_runs") == [("failed", 137)]
-
-
 # -- timeout ---------------------------------------------------------------------------------
 
 
@@ -252,7 +271,7 @@ def test_timeout_exits_124_and_records_failed(env: dict[str, str], tmp_path: Pat
     assert status == 124
     assert "timed out" in once_lines(err)[0]
     least = timeout + (kill_after if killed_by == 9 else 0)
-    assert least <= took < timeout + kill_after + 5, took
+    assert least <= took < timeout + kill_after + 15, took  # generous: a loaded machine
     assert query(ledger_url, "SELECT status, exit_code FROM once_runs") == [
         ("failed", 128 + killed_by)]
     assert not any(alive(p) for p in pids(tmp_path / "pids", 2) or [])
@@ -330,12 +349,13 @@ def test_renewals_within_one_clock_tick_are_still_ours(ledger_url: str, backend:
         assert claim.won
         if backend.dialect == "mysql":
             ledger._conn.cursor().execute("SET timestamp = UNIX_TIMESTAMP(UTC_TIMESTAMP(6))")
-        assert ledger.renew(job.name, "2026-01-01", claim.attempt)
-        assert ledger.renew(job.name, "2026-01-01", claim.attempt)
-        assert ledger.renew(job.name, "2026-01-01", claim.attempt)
-        assert not ledger.renew(job.name, "2026-01-01", claim.attempt + 1)
-        assert ledger.finish(job.name, "2026-01-01", claim.attempt, "done", 0, "exited")
-        assert not ledger.renew(job.name, "2026-01-01", claim.attempt)
+        assert ledger.renew(job.name, "2026-01-01", claim)
+        assert ledger.renew(job.name, "2026-01-01", claim)
+        assert ledger.renew(job.name, "2026-01-01", claim)
+        stranger = Claim(True, claim.attempt, claim.fence, claim_id="0" * 16)
+        assert not ledger.renew(job.name, "2026-01-01", stranger)  # same attempt, not ours
+        assert ledger.finish(job.name, "2026-01-01", claim, "done", 0, "exited")
+        assert not ledger.renew(job.name, "2026-01-01", claim)
     if backend.dialect == "mysql":
         # Without FOUND_ROWS the same-tick renewal reads 0 rows: the test above means it.
         import pymysql
@@ -354,6 +374,7 @@ def test_renewals_within_one_clock_tick_are_still_ours(ledger_url: str, backend:
 # -- PostgreSQL stopped and restarted mid-run (tests/private_postgres.py; not per backend) ----
 
 
+@pytest.mark.slow
 def test_a_short_database_outage_is_ridden_out(private_pg: PrivatePostgres,
                                                pg_env: dict[str, str], tmp_path: Path) -> None:
     url = pg_env["ONCE_DATABASE_URL"]
@@ -411,6 +432,7 @@ def test_a_long_database_outage_makes_the_owner_step_down(private_pg: PrivatePos
     assert (tmp_path / "late").read_text().split() == ["2"]
 
 
+@pytest.mark.slow
 def test_a_result_that_cannot_be_written_exits_75(private_pg: PrivatePostgres,
                                                   pg_env: dict[str, str],
                                                   tmp_path: Path) -> None:
@@ -454,6 +476,7 @@ def test_a_hung_database_makes_the_owner_step_down(private_pg: PrivatePostgres,
     assert not alive(shell) and not alive(sleeper)
 
 
+@pytest.mark.slow
 def test_a_database_that_hangs_during_the_final_write_exits_75(private_pg: PrivatePostgres,
                                                                pg_env: dict[str, str],
                                                                tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ import pytest
 
 from helpers import ONCE, continue_if_sqlite, run_once, wait_for
 from ledger_sql import query
-from once import notify
+from once.run import notify
 from procs import start_once
 
 # The ledger's dialect does not matter to the test: run it on SQLite only.
@@ -255,6 +255,7 @@ def test_a_4xx_answer_is_not_retried_and_a_5xx_is(server: PingServer,
     assert len(once_lines(result.stderr)) == 1 and "HTTP 503" in result.stderr
 
 
+@pytest.mark.slow
 @sqlite_only
 def test_the_ledger_unreachable_pings_nothing(server: PingServer, env: dict[str, str],
                                               tmp_path: Path) -> None:
@@ -270,6 +271,7 @@ def test_the_ledger_unreachable_pings_nothing(server: PingServer, env: dict[str,
 # -- a server that hangs or refuses ----------------------------------------------------------
 
 
+@pytest.mark.slow
 @sqlite_only
 def test_a_hanging_server_delays_the_exit_by_at_most_the_bound(server: PingServer,
                                                                env: dict[str, str],
@@ -374,6 +376,7 @@ def test_timed_out_pings_failure_and_keeps_124(server: PingServer, env: dict[str
         "timed-out", "124", "1")
 
 
+@pytest.mark.slow
 def test_fenced_out_pings_failure_and_runs_on_failure(server: PingServer, env: dict[str, str],
                                                       tmp_path: Path, ledger_url: str) -> None:
     args = ["run", "--job", "paused", *DAY, "--stale-after", "2s"]

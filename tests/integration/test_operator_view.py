@@ -2,8 +2,9 @@
 empty ledger, cron's environment, stops and hooks, metrics, read-only reports, the default
 ledger's file modes and shell completion.
 
-Real `once` processes on real ledgers; what does not depend on the ledger's dialect runs on
-SQLite only (ids end in [sqlite]).
+Real ledgers, made by real `once` processes; the reports read in this process
+(helpers.run_either), but those on a terminal and as another user; what does not depend on
+the ledger's dialect runs on SQLite only (ids end in [sqlite]).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from helpers import ONCE, run_once
+from helpers import ONCE, run_either, run_once
 from ledger_sql import db_time, placeholders, query
 from once.ledger import parse_url
 from procs import Terminal
@@ -32,8 +33,8 @@ def today() -> str:
     return datetime.now(UTC).date().isoformat()
 
 
-def once(env: dict[str, str], *args: str, **kwargs: Any) -> Any:
-    return run_once(*args, env=env, **kwargs)
+def once(env: dict[str, str], *args: str, timeout: float = 60) -> Any:
+    return run_either(*args, env=env, timeout=timeout)
 
 
 def on_terminal(env: dict[str, str], *args: str) -> tuple[str, int]:
@@ -56,11 +57,17 @@ def make_stale(url: str, job: str, period: str) -> None:
     query(url, placeholders("UPDATE once_runs SET status='running', finished_at=NULL, "
                             "exit_code=NULL, heartbeat_at=? WHERE job=? AND period=?", url),
           (db_time(url, datetime.now(UTC) - timedelta(hours=1)), job, period))
+    # Its attempt, as a running one stands (a finished one would be a done marker).
+    query(url, placeholders("UPDATE once_attempts SET status='running', finished_at=NULL, "
+                            "exit_code=NULL, outcome=NULL WHERE job=? AND period=? AND "
+                            "attempt=(SELECT attempt FROM once_runs WHERE job=? AND period=?)",
+                            url), (job, period, job, period))
 
 
 # -- 10. hostile text ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_control_characters_from_outside_are_shown_escaped(once_env: dict[str, str],
                                                            ledger_url: str) -> None:
     """A rerun reason, a watermark, and an owner and a job name as a past version or another
@@ -270,6 +277,7 @@ def give_away(directory: Path) -> None:
         path.chmod(0o755 if path.is_dir() else 0o644)
 
 
+@pytest.mark.slow
 @sqlite_only
 def test_sqlite_reports_work_for_a_reader_that_cannot_write(once_env: dict[str, str],
                                                             tmp_path: Path) -> None:
@@ -355,7 +363,11 @@ def test_json_logs_cover_catch_up_progress_pings_and_hooks(once_env: dict[str, s
                   "--until", days[1], "--log-format", "json", "--", "true")
     assert result.returncode == 0, result.stderr
     events = json_lines(result.stderr)
-    assert [(e["event"], e["period"]) for e in events] == [("progress", d) for d in days]
+    assert [(e["event"], e.get("period")) for e in events] == [
+        *(("progress", d) for d in days), ("summary", None)]
+    assert events[0]["message"].startswith(f"late {days[0]}: done (exit 0, ")
+    assert events[-1]["job"] == "late" and events[-1]["level"] == "info"
+    assert events[-1]["message"].startswith("caught up 2 periods of late in ")
 
     result = once(once_env, "run", "--job", "late", "--every", "day", "--catchup", "5",
                   "--log-format", "json", "--ping", f"http://127.0.0.1:{port}/key",

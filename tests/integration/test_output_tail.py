@@ -1,5 +1,6 @@
 """The command's output (issue 18): relayed unchanged where it is not a terminal, its last
-bytes stored with the attempt's finish, on every backend, by real `once` processes."""
+bytes stored with the attempt's finish, on every backend, by real `once` processes (the
+reports that show them read in this process: helpers.run_either)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ONCE, run_once, wait_for
+from helpers import ONCE, run_either, wait_for
 from ledger_sql import query
 from procs import Terminal
 
@@ -116,18 +117,18 @@ def test_a_file_opened_for_appending_gets_every_byte(ledger_url: str, once_env: 
 
 def test_catchup_and_rerun_store_each_attempts_output(once_env: dict[str, str],
                                                       ledger_url: str) -> None:
-    catchup = run_once("catchup", "--job", "back", *DAY, "--since", "2026-10-24", "--until",
+    catchup = run_either("catchup", "--job", "back", *DAY, "--since", "2026-10-24", "--until",
                        "2026-10-25", "-q", "--", "sh", "-c", 'echo "made up $ONCE_PERIOD"',
                        env=once_env)
     assert catchup.returncode == 0, catchup.stderr
-    rerun = run_once("rerun", "--job", "back", "--period", "2026-10-24", "--", "sh", "-c",
+    rerun = run_either("rerun", "--job", "back", "--period", "2026-10-24", "--", "sh", "-c",
                      'echo "again $ONCE_ATTEMPT"; exit 5', env=once_env)
     assert rerun.returncode == 5, rerun.stderr
     rows = query(ledger_url, "SELECT period, attempt, output FROM once_attempts "
                              "WHERE job = 'back' ORDER BY period, attempt")
     assert rows == [("2026-10-24", 1, "made up 2026-10-24\n"), ("2026-10-24", 2, "again 2\n"),
                     ("2026-10-25", 1, "made up 2026-10-25\n")]
-    shown = run_once("logs", "back", "--period", "2026-10-24", env=once_env)
+    shown = run_either("logs", "back", "--period", "2026-10-24", env=once_env)
     assert shown.stdout.splitlines()[1:] == ["again 2"]
 
 
@@ -196,7 +197,7 @@ def test_a_fenced_out_attempt_keeps_what_it_said(once_env: dict[str, str], ledge
     assert out == b"working on it\n"
     [(attempt, outcome, code, output)] = stored(ledger_url, "fenced")
     assert (attempt, outcome, code, output) == (1, None, None, "working on it\n")
-    shown = run_once("logs", "fenced", "--attempt", "1", env=once_env)
+    shown = run_either("logs", "fenced", "--attempt", "1", env=once_env)
     assert shown.stdout.splitlines()[1:] == ["working on it"], shown.stderr
 
 
@@ -225,6 +226,7 @@ def test_a_background_child_holding_the_pipe_does_not_hold_once(
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_a_slow_reader_still_gets_every_byte(once_env: dict[str, str],
                                              ledger_url: str) -> None:
     # The command writes 2 MB and ends long before its reader has read it: without once the
@@ -298,17 +300,17 @@ def test_once_logs_on_another_host_prints_the_latest_attempt(once_env: dict[str,
     assert second.returncode == 0
     period = query(ledger_url, "SELECT period FROM once_runs")[0][0]
     elsewhere = {**once_env, "ONCE_OWNER": "host-c"}  # another host reading the ledger
-    latest = run_once("logs", "nightly", env=elsewhere)
+    latest = run_either("logs", "nightly", env=elsewhere)
     assert latest.returncode == 0, latest.stderr
     head, *body = latest.stdout.splitlines()
     assert head.startswith(f"==> nightly {period} attempt 2: done (exit 0), owner host-b, "
                            f"finished ") and head.endswith(" <==")
     assert body == ["second try"]
-    earlier = run_once("logs", "nightly", "--attempt", "1", env=elsewhere)
+    earlier = run_either("logs", "nightly", "--attempt", "1", env=elsewhere)
     assert earlier.stdout.splitlines()[0].startswith(
         f"==> nightly {period} attempt 1: failed (exit 3), owner host-a, finished ")
     assert earlier.stdout.splitlines()[1:] == ["first try", "disk full"]
-    as_json = json.loads(run_once("logs", "nightly", "--period", period, "--attempt", "1",
+    as_json = json.loads(run_either("logs", "nightly", "--period", period, "--attempt", "1",
                                   "--json", env=elsewhere).stdout)
     assert {k: as_json[k] for k in ("job", "period", "attempt", "owner", "status", "outcome",
                                     "exit_code", "output")} == {
@@ -321,13 +323,13 @@ def test_once_logs_says_what_it_cannot_show(once_env: dict[str, str],
                                             ledger_url: str) -> None:
     assert once_run(once_env, "--output-tail", "0", "--", "echo", "hi",
                     job="quiet").returncode == 0
-    quiet = run_once("logs", "quiet", env=once_env)
+    quiet = run_either("logs", "quiet", env=once_env)
     assert quiet.returncode == 0
     assert quiet.stdout.count("\n") == 1 and quiet.stdout.startswith("==> quiet ")
     assert quiet.stderr.startswith("once: no output was captured")
-    unknown = run_once("logs", "nobody", env=once_env)
+    unknown = run_either("logs", "nobody", env=once_env)
     assert unknown.returncode == 2 and unknown.stderr.startswith("once: unknown job 'nobody'")
-    missing = run_once("logs", "quiet", "--attempt", "7", env=once_env)
+    missing = run_either("logs", "quiet", "--attempt", "7", env=once_env)
     assert missing.returncode == 2 and missing.stderr == "once: job quiet has no attempt 7\n"
 
 
@@ -337,14 +339,14 @@ def test_history_and_status_show_the_last_line_of_a_failure(once_env: dict[str, 
                       "echo; exit 4", job="h")
     assert failed.returncode == 4
     period = query(ledger_url, "SELECT period FROM once_runs")[0][0]
-    table = run_once("history", "h", env=once_env)
+    table = run_either("history", "h", env=once_env)
     assert table.returncode == 0, table.stderr
     head, row = table.stdout.splitlines()
     assert head.endswith("REASON  LAST LINE")
     assert row.endswith("error: disk full")
-    [entry] = json.loads(run_once("history", "h", "--json", env=once_env).stdout)
+    [entry] = json.loads(run_either("history", "h", "--json", env=once_env).stdout)
     assert entry["last_line"] == "error: disk full"
-    [job] = json.loads(run_once("status", "h", "--json", env=once_env).stdout)
+    [job] = json.loads(run_either("status", "h", "--json", env=once_env).stdout)
     assert job["failed_periods"][0]["last_line"] == "error: disk full"
     assert job["last_failure"] == {"period": period, "attempt": 1, "exit_code": 4,
                                    "finished_at": job["failed_periods"][0]["finished_at"],
@@ -356,22 +358,22 @@ def test_once_logs_shows_control_characters_escaped(once_env: dict[str, str],
     # ESC would recolour the terminal, a carriage return overwrite the header, [b] be markup.
     script = r"printf '\033[2J[b]bold[/b]\tok\r\nover\rwritten\n'; exit 1"
     assert once_run(once_env, "--", "sh", "-c", script, job="esc").returncode == 1
-    shown = run_once("logs", "esc", env=once_env)
+    shown = run_either("logs", "esc", env=once_env)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines()[1:] == ["\\u001b[2J[b]bold[/b]\tok", "over\\rwritten"]
-    raw = json.loads(run_once("logs", "esc", "--json", env=once_env).stdout)
+    raw = json.loads(run_either("logs", "esc", "--json", env=once_env).stdout)
     assert raw["output"] == "\x1b[2J[b]bold[/b]\tok\r\nover\rwritten\n"
     assert raw["last_line"] == "written"
-    [entry] = json.loads(run_once("history", "esc", "--json", env=once_env).stdout)
+    [entry] = json.loads(run_either("history", "esc", "--json", env=once_env).stdout)
     assert entry["last_line"] == "written"
 
 
 def test_a_done_attempt_has_no_last_line_column(once_env: dict[str, str],
                                                 ledger_url: str) -> None:
     assert once_run(once_env, "--", "echo", "fine", job="ok").returncode == 0
-    [entry] = json.loads(run_once("history", "ok", "--json", env=once_env).stdout)
+    [entry] = json.loads(run_either("history", "ok", "--json", env=once_env).stdout)
     assert (entry["outcome"], entry["last_line"]) == ("done", None)
-    [job] = json.loads(run_once("status", "ok", "--json", env=once_env).stdout)
+    [job] = json.loads(run_either("status", "ok", "--json", env=once_env).stdout)
     assert job["last_failure"] is None
 
 

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from child_log import stable_day
 from helpers import ONCE, release_together, run_once, wait_for
 from ledger_sql import query, scalar
 from once.ledger import parse_url
@@ -93,6 +97,7 @@ def test_a_longer_stale_after_of_the_owner_is_stored_with_its_row(
 # -- truthful outcomes -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_rerun_racing_a_rerun_is_refused(env: dict[str, str], tmp_path: Path,
                                            ledger_url: str) -> None:
     assert run_once("run", "--job", "r", *DAY, "--", "true", env=env).returncode == 0
@@ -151,6 +156,7 @@ def _outsider_holds_the_row(ledger_url: str, seconds: float) -> Iterator[threadi
     assert held.is_set()
 
 
+@pytest.mark.slow
 def test_a_held_up_final_write_reports_what_the_row_holds(env: dict[str, str],
                                                           tmp_path: Path,
                                                           ledger_url: str) -> None:
@@ -293,3 +299,67 @@ def test_sqlite_a_dead_owner_is_still_taken_over(env: dict[str, str], tmp_path: 
     assert taken.returncode == 0, taken.stderr
     assert (tmp_path / "second").exists()
     assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 2)]
+
+
+# A claimer mid-claim: holds the period's OS lock (once's own code) until told, writes no row.
+_CLAIMER = """
+import sys
+from once.ledger.sqlite import _PeriodLocks
+locks = _PeriodLocks(sys.argv[1])
+assert locks.acquire((sys.argv[2], sys.argv[3]))
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _claimer(ledger_url: str, job: str, env: dict[str, str]) -> Any:
+    stable_day()
+    period = datetime.now(UTC).date().isoformat()
+    claimer = subprocess.Popen([sys.executable, "-c", _CLAIMER, parse_url(ledger_url).path,
+                                job, period], env=env, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    assert claimer.stdout is not None and claimer.stdout.readline() == "held\n"
+    return claimer
+
+
+def _has_open(pid: int, path: str) -> bool:
+    fds = Path(f"/proc/{pid}/fd")
+    return any(os.path.realpath(fd) == path for fd in fds.iterdir())
+
+
+def test_sqlite_a_fire_waits_for_a_claimer_that_gives_up(env: dict[str, str], tmp_path: Path,
+                                                         ledger_url: str) -> None:
+    """A fire that finds the period's lock held and no row waits for that claimer, which here
+    gives up (as a fire of an older once the ledger refuses does): the fire runs the period,
+    instead of skipping it for a claimer that then ran nothing."""
+    if not ledger_url.startswith("sqlite"):
+        pytest.skip("SQLite's period locks")
+    assert run_once("schema", env=env).returncode == 0
+    claimer = _claimer(ledger_url, "k", env)
+    fire = start_once("run", "--job", "k", *DAY, "--stale-after", "30s", "--", "touch",
+                      str(tmp_path / "ran"), env=env)
+    locks = os.path.realpath(parse_url(ledger_url).path + ".locks")
+    wait_for(lambda: fire.poll() is not None or _has_open(fire.pid, locks),
+             what="the fire to try the period's lock")
+    claimer.communicate("\n", timeout=10)  # gives up: the lock goes with its process
+    _out, err = fire.communicate(timeout=60)
+    assert fire.returncode == 0 and (tmp_path / "ran").exists(), err
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 1)]
+
+
+def test_sqlite_the_wait_for_a_claimer_is_bounded(env: dict[str, str], tmp_path: Path,
+                                                  ledger_url: str) -> None:
+    """A claimer that neither wins nor gives up (stopped, stuck) is waited for a statement
+    timeout (a second at --stale-after 3s), then the fire skips as held."""
+    if not ledger_url.startswith("sqlite"):
+        pytest.skip("SQLite's period locks")
+    assert run_once("schema", env=env).returncode == 0
+    claimer = _claimer(ledger_url, "k", env)
+    try:
+        fire = run_once("run", "--job", "k", *DAY, "--stale-after", "3s", "-v", "--", "touch",
+                        str(tmp_path / "ran"), env=env)
+    finally:
+        claimer.communicate("\n", timeout=10)
+    assert fire.returncode == 0, fire.stderr
+    assert "skipped: held by another process" in fire.stderr
+    assert not (tmp_path / "ran").exists()

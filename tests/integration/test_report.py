@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from helpers import ONCE, run_once
+from helpers import ONCE, run_either
 from ledger_sql import db_time, placeholders, query
 from once.ledger import parse_url
 from once.periods import Period, schedule
@@ -37,7 +37,7 @@ def day(n: int) -> str:
 
 
 def once(env: dict[str, str], *args: str) -> Any:
-    return run_once(*args, env=env)
+    return run_either(*args, env=env)
 
 
 def catchup(env: dict[str, str], job: str, since: str, until: str, *options: str,
@@ -78,6 +78,11 @@ def set_running(url: str, job: str, period: str, heartbeat: datetime) -> None:
     query(url, placeholders("UPDATE once_runs SET status='running', finished_at=NULL, "
                             "exit_code=NULL, heartbeat_at=? WHERE job=? AND period=?", url),
           (db_time(url, heartbeat), job, period))
+    # Its attempt, as a running one stands (a finished one would be a done marker).
+    query(url, placeholders("UPDATE once_attempts SET status='running', finished_at=NULL, "
+                            "exit_code=NULL, outcome=NULL WHERE job=? AND period=? AND "
+                            "attempt=(SELECT attempt FROM once_runs WHERE job=? AND period=?)",
+                            url), (job, period, job, period))
 
 
 def insert_done(url: str, job: str, periods: list[Period]) -> None:
@@ -287,16 +292,18 @@ def test_check_highest_status_wins(once_env: dict[str, str], ledger_url: str) ->
     assert lines[1].startswith(f"WARNING stuck {day(0)} stale")
 
 
-def test_check_due_period_held_by_a_live_attempt_is_fine(once_env: dict[str, str],
-                                                         ledger_url: str) -> None:
+def test_check_due_period_held_by_a_live_attempt_is_an_overrun(once_env: dict[str, str],
+                                                               ledger_url: str) -> None:
     catchup(once_env, "slow", day(-2), day(0))
     set_running(ledger_url, "slow", day(-1), datetime.now(UTC))
-    assert check_lines(once_env) == (
-        0, [f"OK 1 job: every due period done ({ledger(once_env)})"])
+    code, lines = check_lines(once_env)
+    assert code == 2  # a hung run is loud: neither missing nor failed, but overrun
+    assert len(lines) == 1 and lines[0].startswith(f"CRITICAL slow {day(-1)} overrun (owner ")
     (entry,) = status_json(once_env)
     assert entry["missing"] == 0 and entry["failed"] == 0
     (running,) = entry["running"]
     assert running["period"] == day(-1) and running["due"] and not running["stale"]
+    assert running["overrun"]
     # The same attempt gone quiet: the due period is missing now, and loudly.
     set_running(ledger_url, "slow", day(-1), datetime.now(UTC) - timedelta(hours=2))
     code, lines = check_lines(once_env)
@@ -439,7 +446,7 @@ def test_history_period_filter_and_takeover(once_env: dict[str, str], ledger_url
                   "--until", day(-1), "--", "true")
     assert result.returncode == 0, result.stderr
     entries = json.loads(once(once_env, "history", "j", "--period", day(-1), "--json").stdout)
-    assert [(e["attempt"], e["outcome"]) for e in entries][1] == (1, "done")
+    assert [(e["attempt"], e["outcome"]) for e in entries][1] == (1, "taken-over")
     assert entries[0]["attempt"] == 2 and entries[0]["status"] == "done"
     assert {e["period"] for e in entries} == {day(-1)}
 

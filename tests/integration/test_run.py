@@ -39,6 +39,7 @@ def test_first_run_claims_and_second_skips(once_env: dict[str, str], tmp_path: P
     assert row == [("done", 1, 0)]
 
 
+@pytest.mark.slow
 def test_race_of_24_processes_runs_the_command_once(once_env: dict[str, str],
                                                     tmp_path: Path) -> None:
     # On an empty ledger: the 24 first uses also race to create the tables.
@@ -49,6 +50,7 @@ def test_race_of_24_processes_runs_the_command_once(once_env: dict[str, str],
     assert len(lines(log)) == 1
 
 
+@pytest.mark.slow
 def test_race_on_a_stale_running_row_has_one_taker(once_env: dict[str, str], tmp_path: Path,
                                                    ledger_url: str) -> None:
     env, log = record_env(once_env, tmp_path)
@@ -57,6 +59,8 @@ def test_race_on_a_stale_running_row_has_one_taker(once_env: dict[str, str], tmp
     # Make the row look like an owner that died long ago (the database's clock decides).
     query(ledger_url, "UPDATE once_runs SET status='running', finished_at=NULL, "
                       "heartbeat_at=period_start WHERE job='stale'")
+    query(ledger_url, "UPDATE once_attempts SET status='running', finished_at=NULL, "
+                      "exit_code=NULL, outcome=NULL WHERE job='stale'")  # not a done marker
     cmd = [ONCE, "run", "--job", "stale", "--every", "day", "--stale-after", "1m", "--",
            *RECORD]
     results = release_together([cmd] * 24, tmp_path / "gate", env)
@@ -66,6 +70,7 @@ def test_race_on_a_stale_running_row_has_one_taker(once_env: dict[str, str], tmp
     assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 2)]
 
 
+@pytest.mark.slow
 def test_race_on_a_failed_row_has_one_retrier(once_env: dict[str, str], tmp_path: Path,
                                               ledger_url: str) -> None:
     env, log = record_env(once_env, tmp_path)
@@ -215,6 +220,7 @@ def test_default_ledger_is_sqlite_under_xdg_state_home(once_env: dict[str, str],
     assert (tmp_path / "home" / ".local" / "state" / "once" / "ledger.db").is_file()
 
 
+@pytest.mark.slow
 def test_python_api_200_periods_16_claimers(ledger_url: str) -> None:
     from claimers import race_periods
 

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from helpers import run_once
+from helpers import run_either, wait_for
 from ledger_sql import query, scalar
-from once.ledger.schema import SCHEMA_VERSION
+from once.ledger import parse_url
+from once.ledger.schema import BEFORE_5, SCHEMA_VERSION
+from procs import start_once
 
 
 @pytest.mark.parametrize("url", ["sqlite:////nonexistent/dir/ledger.db",
@@ -14,7 +23,7 @@ from once.ledger.schema import SCHEMA_VERSION
                                  "mariadb://u:secret@db.invalid/ops"])
 def test_schema_sql_prints_ddl_and_touches_no_database(url: str, once_env: dict[str, str]
                                                       ) -> None:
-    result = run_once("schema", "--sql", "--db", url, env=once_env)
+    result = run_either("schema", "--sql", "--db", url, env=once_env)
     assert result.returncode == 0, result.stderr
     for table in ("once_runs", "once_attempts", "once_jobs", "once_meta"):
         assert f"CREATE TABLE IF NOT EXISTS {table}" in result.stdout
@@ -26,14 +35,14 @@ def test_schema_sql_prints_ddl_and_touches_no_database(url: str, once_env: dict[
 
 def test_an_older_ledger_is_upgraded_in_place(once_env: dict[str, str], ledger_url: str
                                               ) -> None:
-    assert run_once("run", "--job", "old", "--every", "day", "--lag", "1", "--", "true",
+    assert run_either("run", "--job", "old", "--every", "day", "--lag", "1", "--", "true",
                     env=once_env).returncode == 0
     # Make it look like a version 1 ledger: no shards/state columns, no command hashes.
     for table, column in (("once_jobs", "shards"), ("once_jobs", "state"),
                           ("once_jobs", "state_version"), ("once_attempts", "command_hash")):
         query(ledger_url, f"ALTER TABLE {table} DROP COLUMN {column}")
     query(ledger_url, "UPDATE once_meta SET value = '1' WHERE name = 'schema_version'")
-    result = run_once("run", "--job", "old", "--every", "day", "--", "true", env=once_env)
+    result = run_either("run", "--job", "old", "--every", "day", "--", "true", env=once_env)
     assert result.returncode == 0, result.stderr
     assert scalar(ledger_url, "SELECT value FROM once_meta WHERE name='schema_version'") == str(
         SCHEMA_VERSION)
@@ -43,11 +52,11 @@ def test_an_older_ledger_is_upgraded_in_place(once_env: dict[str, str], ledger_u
 
 def test_a_version_3_ledger_gets_the_output_column(once_env: dict[str, str], ledger_url: str
                                                    ) -> None:
-    assert run_once("run", "--job", "old", "--every", "day", "--lag", "1", "--", "true",
+    assert run_either("run", "--job", "old", "--every", "day", "--lag", "1", "--", "true",
                     env=once_env).returncode == 0
     query(ledger_url, "ALTER TABLE once_attempts DROP COLUMN output")
     query(ledger_url, "UPDATE once_meta SET value = '3' WHERE name = 'schema_version'")
-    result = run_once("run", "--job", "old", "--every", "day", "--", "echo", "upgraded",
+    result = run_either("run", "--job", "old", "--every", "day", "--", "echo", "upgraded",
                       env=once_env)
     assert result.returncode == 0, result.stderr
     assert scalar(ledger_url, "SELECT value FROM once_meta WHERE name='schema_version'") == str(
@@ -57,10 +66,10 @@ def test_a_version_3_ledger_gets_the_output_column(once_env: dict[str, str], led
 
 
 def test_a_newer_ledger_is_refused(once_env: dict[str, str], ledger_url: str) -> None:
-    assert run_once("schema", env=once_env).returncode == 0
+    assert run_either("schema", env=once_env).returncode == 0
     query(ledger_url, "UPDATE once_meta SET value = '999' WHERE name = 'schema_version'")
     query(ledger_url, "DROP TABLE once_runs")  # so that once must look at the schema
-    result = run_once("run", "--job", "x", "--every", "day", "--", "true", env=once_env)
+    result = run_either("run", "--job", "x", "--every", "day", "--", "true", env=once_env)
     assert result.returncode == 75
     assert "newer than this once knows" in result.stderr
 
@@ -81,7 +90,7 @@ def test_the_done_rows_index_is_postgresqls_and_once_schema_adds_it(
         once_env: dict[str, str], ledger_url: str) -> None:
     # The reports count done rows through once_runs_done_start on PostgreSQL (a partial index);
     # SQLite and MySQL have none. A ledger made before it gets it from `once schema`.
-    assert run_once("run", "--job", "j", "--every", "day", "--", "true",
+    assert run_either("run", "--job", "j", "--every", "day", "--", "true",
                     env=once_env).returncode == 0
     postgres = ledger_url.startswith("postgres")
     assert ("once_runs_done_start" in _indexes(ledger_url)) is postgres
@@ -89,7 +98,248 @@ def test_the_done_rows_index_is_postgresqls_and_once_schema_adds_it(
     if not postgres:
         return
     query(ledger_url, "DROP INDEX once_runs_done_start")
-    assert run_once("schema", env=once_env).returncode == 0
+    assert run_either("schema", env=once_env).returncode == 0
     assert "once_runs_done_start" in _indexes(ledger_url)
-    sql = run_once("schema", "--sql", env=once_env).stdout
+    sql = run_either("schema", "--sql", env=once_env).stdout
     assert "once_runs_done_start ON once_runs (job, period_start) WHERE status = 'done'" in sql
+
+
+def _set_version(url: str, version: int) -> None:
+    query(url, f"UPDATE once_meta SET value = '{version}' WHERE name = 'schema_version'")
+
+
+NEWER_REFUSED = [
+    ("run", "--job", "j", "--every", "day"),
+    ("run", "--job", "fresh", "--every", "day"),
+    ("catchup", "--job", "j", "--every", "day", "--since", "2026-01-01"),
+    ("rerun", "--job", "j", "--period", "2026-01-01", "--reason", "x"),
+]
+
+
+@pytest.mark.parametrize("argv", NEWER_REFUSED, ids=lambda argv: " ".join(argv[:3]))
+def test_a_newer_ledger_refuses_every_claim_with_nothing_run_or_written(
+        argv: tuple[str, ...], once_env: dict[str, str], ledger_url: str, tmp_path) -> None:
+    # The version check rides in the claim's own statement: the tables are all there, so no
+    # missing column leads once to the version (before schema 5 it ran and recorded here).
+    assert run_either("run", "--job", "j", "--every", "day", "--lag", "1", "--", "true",
+                    env=once_env).returncode == 0
+    _set_version(ledger_url, SCHEMA_VERSION + 1)
+    before = query(ledger_url, "SELECT job, fence, fire_count FROM once_jobs ORDER BY job")
+    attempts = query(ledger_url, "SELECT count(*) FROM once_attempts")
+    marker = tmp_path / "ran"
+    result = run_either(*argv, "--", "touch", str(marker), env=once_env)
+    assert result.returncode == 75, result.stderr
+    assert (f"the ledger's schema is version {SCHEMA_VERSION + 1}, newer than this once knows "
+            f"({SCHEMA_VERSION}): upgrade once") in result.stderr
+    assert not marker.exists()
+    assert query(ledger_url, "SELECT job, fence, fire_count FROM once_jobs ORDER BY job") == before
+    assert query(ledger_url, "SELECT count(*) FROM once_attempts") == attempts
+
+
+@pytest.mark.parametrize("argv", [("status",), ("check",), ("history", "j"), ("logs", "j"),
+                                  ("metrics",), ("prune", "--older-than", "1d"),
+                                  ("state", "j", "--set", "x")],
+                         ids=lambda argv: argv[0])
+def test_a_newer_ledger_refuses_every_report_and_write(argv: tuple[str, ...],
+                                                        once_env: dict[str, str],
+                                                        ledger_url: str) -> None:
+    assert run_either("run", "--job", "j", "--every", "day", "--", "true",
+                    env=once_env).returncode == 0
+    _set_version(ledger_url, SCHEMA_VERSION + 1)
+    rows = query(ledger_url, "SELECT job, period, status FROM once_runs")
+    result = run_either(*argv, env=once_env)
+    assert result.returncode == 75, (result.stdout, result.stderr)
+    assert f"newer than this once knows ({SCHEMA_VERSION})" in result.stderr
+    assert query(ledger_url, "SELECT job, period, status FROM once_runs") == rows
+    assert query(ledger_url, "SELECT state FROM once_jobs") == [(None,)]
+
+
+def _as_version_4(url: str) -> None:
+    """The ledger as schema 4 left it: once_jobs.fires and last_fire_at, no claim_id in
+    once_attempts, no once_runs.interrupted, version 4."""
+    mysql = url.startswith("mariadb")
+    for old, new, kind in (("fires", "fire_count", "BIGINT"),
+                           ("last_fire_at", "last_fired_at", "DATETIME(6)")):
+        query(url, f"ALTER TABLE once_jobs CHANGE {new} {old} {kind} NOT NULL" if mysql
+              else f"ALTER TABLE once_jobs RENAME COLUMN {new} TO {old}")
+    query(url, "ALTER TABLE once_runs DROP COLUMN interrupted")
+    _drop_attempts_claim_id(url)
+    _set_version(url, 4)
+
+
+def _drop_attempts_claim_id(url: str) -> None:
+    if url.startswith("mariadb"):
+        query(url, "ALTER TABLE once_attempts DROP CONSTRAINT once_attempts_claim_id")
+    query(url, "ALTER TABLE once_attempts DROP COLUMN claim_id")
+
+
+# A `(state)` row as an older `once state --set` records it: no claim_id.
+_OLDER_STATE_ROW = ("INSERT INTO once_attempts (job, period, attempt, fence, owner, status, "
+                    "started_at, finished_at, outcome, reason) SELECT job, '(state)', {}, "
+                    "fence, 'older', 'done', created_at, created_at, 'state-set', 'x' "
+                    "FROM once_jobs")
+
+
+def _claim_ids_required(url: str) -> None:
+    """No insert into once_attempts without a claim_id, on MySQL/MariaDB not in a session
+    without strict mode either (which would fill in '')."""
+    with pytest.raises(Exception, match="claim_id"):
+        query(url, _OLDER_STATE_ROW.format(99))
+    if url.startswith("mariadb"):
+        import pymysql
+
+        conn = pymysql.connect(**parse_url(url).connect_args, autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION sql_mode = ''")
+                with pytest.raises(pymysql.err.OperationalError, match="once_attempts_claim_id"):
+                    cur.execute(_OLDER_STATE_ROW.format(99))
+        finally:
+            conn.close()
+    assert query(url, "SELECT count(*) FROM once_attempts WHERE attempt = 99") == [(0,)]
+
+
+def test_a_version_4_ledger_is_gated_against_older_claims_by_the_upgrade(
+        once_env: dict[str, str], ledger_url: str) -> None:
+    # Every claim of a once before schema 5 names once_jobs.fires: the rename makes each of
+    # them meet a missing column and refuse the ledger with its own message.
+    assert run_either("run", "--job", "j", "--every", "day", "--lag", "1", "--", "true",
+                    env=once_env).returncode == 0
+    _as_version_4(ledger_url)
+    assert run_either("run", "--job", "j", "--every", "day", "--", "true",
+                    env=once_env).returncode == 0
+    assert scalar(ledger_url, "SELECT value FROM once_meta WHERE name='schema_version'") == str(
+        SCHEMA_VERSION)
+    assert query(ledger_url, "SELECT fence, fire_count FROM once_jobs") == [(2, 2)]
+    for gone in ("fires", "last_fire_at"):  # older claims, older prunes
+        with pytest.raises(Exception, match=gone):
+            query(ledger_url, f"SELECT {gone} FROM once_jobs")
+    assert len(query(ledger_url, "SELECT last_fired_at FROM once_jobs")) == 1
+    # The attempt made before the upgrade has BEFORE_5, the one after its claim's own id.
+    ids = [i for (i,) in query(ledger_url, "SELECT claim_id FROM once_attempts ORDER BY period")]
+    assert ids[0] == BEFORE_5 and len(ids) == 2 and ids[1] != BEFORE_5, ids
+    _claim_ids_required(ledger_url)
+    # The rows schema 4 left count no interruption; a retry rule reads them as before.
+    today = datetime.now(UTC).date()
+    assert query(ledger_url, "SELECT period, interrupted FROM once_runs ORDER BY period") == [
+        ((today - timedelta(days=1)).isoformat(), 0), (today.isoformat(), 0)]
+
+
+def test_a_state_set_records_a_claim_id_of_its_own(once_env: dict[str, str],
+                                                   ledger_url: str) -> None:
+    assert run_either("state", "j", "--set", "a", "--every", "day",
+                    env=once_env).returncode == 0
+    assert run_either("state", "j", "--set", "b", env=once_env).returncode == 0
+    ids = query(ledger_url, "SELECT claim_id FROM once_attempts WHERE period = '(state)'")
+    assert len({i for (i,) in ids}) == 2 and BEFORE_5 not in {i for (i,) in ids}, ids
+
+
+@pytest.mark.parametrize("shape", ["nullable", "cut short"])
+def test_a_claim_id_left_optional_is_made_required(shape: str, once_env: dict[str, str],
+                                                   ledger_url: str) -> None:
+    """`nullable`: once_attempts.claim_id as schema 5 was first written (NULL allowed), with
+    a row of an older state --set. `cut short` (MySQL/MariaDB): the upgrade killed between
+    its two steps on once_attempts, the column added with BEFORE_5 as its default but the
+    default not yet dropped nor the CHECK added (each ALTER commits on its own)."""
+    mysql = ledger_url.startswith("mariadb")
+    if shape == "cut short" and not mysql:
+        pytest.skip("PostgreSQL and SQLite upgrade in one transaction")
+    assert run_either("run", "--job", "j", "--every", "day", "--", "true",
+                    env=once_env).returncode == 0
+    _drop_attempts_claim_id(ledger_url)
+    if shape == "nullable":
+        query(ledger_url, "ALTER TABLE once_attempts ADD COLUMN claim_id VARCHAR(32)")
+        query(ledger_url, _OLDER_STATE_ROW.format(1))
+    else:
+        query(ledger_url, "ALTER TABLE once_attempts ADD COLUMN claim_id VARCHAR(32) NOT NULL "
+                          f"DEFAULT '{BEFORE_5}'")
+        query(ledger_url, "INSERT INTO once_meta (name, value) VALUES ('upgrade_from', '4')")
+    assert run_either("schema", env=once_env).returncode == 0
+    assert query(ledger_url, "SELECT claim_id FROM once_attempts WHERE claim_id IS NULL "
+                             "OR claim_id = ''") == []
+    assert len(query(ledger_url, f"SELECT 1 FROM once_attempts WHERE claim_id = '{BEFORE_5}'")
+               ) == (2 if shape == "nullable" else 1)
+    assert query(ledger_url, "SELECT value FROM once_meta WHERE name = 'upgrade_from'") == []
+    _claim_ids_required(ledger_url)
+    assert run_either("run", "--job", "j", "--every", "day", "--lag", "1", "--", "true",
+                    env=once_env).returncode == 0
+
+
+def test_a_schema_2_owners_running_row_keeps_its_jobs_promise_through_the_upgrade(
+        once_env: dict[str, str], ledger_url: str, tmp_path) -> None:
+    # Schema 2 stored no promise in the row: the upgrade used to give it 300 s, so a caller
+    # could take over an owner that promised an hour while it still renewed.
+    assert run_either("run", "--job", "j", "--every", "day", "--stale-after", "1h", "--",
+                    "true", env=once_env).returncode == 0
+    query(ledger_url, "UPDATE once_runs SET status = 'running', finished_at = NULL")
+    _age_heartbeat(ledger_url, 600)
+    query(ledger_url, "ALTER TABLE once_runs DROP COLUMN stale_after")
+    _as_version_4(ledger_url)
+    _set_version(ledger_url, 2)
+    marker = tmp_path / "ran"
+    result = run_either("run", "--job", "j", "--every", "day", "--stale-after", "1s", "--",
+                      "touch", str(marker), env=once_env)
+    assert result.returncode == 0, result.stderr
+    assert not marker.exists()  # held: ten minutes without a beat is within its hour
+    assert query(ledger_url, "SELECT status, attempt, stale_after FROM once_runs") == [
+        ("running", 1, 3600.0)]
+
+
+def _age_heartbeat(url: str, seconds: int) -> None:
+    if url.startswith("sqlite"):
+        value = f"strftime('%Y-%m-%d %H:%M:%f', 'now', '-{seconds} seconds') || '000'"
+    elif url.startswith("postgres"):
+        value = f"clock_timestamp() - interval '{seconds} seconds'"
+    else:
+        value = f"UTC_TIMESTAMP(6) - INTERVAL {seconds} SECOND"
+    query(url, f"UPDATE once_runs SET heartbeat_at = {value}")
+
+
+@contextmanager
+def _creation_held(url: str) -> Iterator[Callable[[], bool]]:
+    """The ledger's table creation held up until the block ends; yields whether a session of
+    this ledger's waits for it. PostgreSQL: once_meta locked, which the creation reads and a
+    claim's first try against a missing table never reaches (it stops at parsing). MySQL:
+    the schema lock, GET_LOCK('once_schema'), as another creation would hold it (every
+    claim's try reads once_meta: it would wait too, and time out)."""
+    target = parse_url(url)
+    if target.dialect == "postgresql":
+        import psycopg
+
+        with psycopg.connect(target.connect_args["conninfo"]) as conn:
+            conn.execute("LOCK TABLE once_meta IN ACCESS EXCLUSIVE MODE")
+            yield lambda: bool(scalar(url, "SELECT count(*) FROM pg_locks WHERE NOT granted "
+                                           "AND relation = 'once_meta'::regclass"))
+            conn.rollback()
+        return
+    import pymysql
+
+    conn = pymysql.connect(**target.connect_args, autocommit=True)
+    try:
+        conn.cursor().execute("SELECT GET_LOCK('once_schema', 10)")
+        yield lambda: bool(scalar(url, "SELECT COUNT(*) FROM information_schema.processlist "
+                                       "WHERE db = DATABASE() AND state = 'User lock'"))
+        conn.cursor().execute("SELECT RELEASE_LOCK('once_schema')")
+    finally:
+        conn.close()
+
+
+def test_a_claim_held_up_past_its_stale_after_before_its_last_try_still_runs(
+        backend: Any, ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    # The owner's lease counts from its claim's last try (the one that stamped the
+    # heartbeat), not from the call: a claim that first had to create a table, and waited
+    # for the creation's lock to do it, used to find its deadline gone (exit 70, not run).
+    if backend.dialect == "sqlite":
+        pytest.skip("SQLite's wait for its write lock cannot be watched from outside")
+    assert run_either("schema", env=once_env).returncode == 0
+    query(ledger_url, "DROP TABLE once_runs")  # the first try meets it missing
+    ran = tmp_path / "ran"
+    with _creation_held(ledger_url) as waiting:
+        owner = start_once("run", "--job", "held", "--every", "day", "--stale-after", "2s",
+                           "--", "sh", "-c", f"echo x >> {ran}", env=once_env)
+        wait_for(waiting, what="the table creation to wait")
+        time.sleep(2.5)  # the fault itself: held up past --stale-after
+    _, err = owner.communicate(timeout=60)
+    assert owner.returncode == 0, err
+    assert ran.read_text() == "x\n"
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 1)]

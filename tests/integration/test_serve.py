@@ -1,5 +1,7 @@
-"""`once serve` on every backend: a real server process, real HTTP requests, ledgers built by
-real `once run` and `once catchup` processes.
+"""`once serve` on every backend: real HTTP requests to its server in this process (its options
+read by the real command line), ledgers built by real `once run` and `once catchup` processes;
+a real `once serve` process where the process is the point (its first line, SIGTERM, the
+ledger gone).
 
 The outage tests stop (and freeze) a private embedded PostgreSQL of their own.
 """
@@ -7,6 +9,7 @@ The outage tests stop (and freeze) a private embedded PostgreSQL of their own.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 import time
@@ -19,10 +22,10 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
-from helpers import run_once, wait_for
+from helpers import run_here, run_once, wait_for
 from private_postgres import PrivatePostgres
 from procs import start_once
-from serving import Answer, Served, families, samples
+from serving import Answer, Served, ServedHere, families, samples
 
 HTML = "text/html; charset=utf-8"
 TEXT = "text/plain; charset=utf-8"
@@ -39,8 +42,9 @@ def once(env: dict[str, str], *args: str) -> None:
 
 
 @pytest.fixture
-def serve() -> Iterator[Callable[..., Served]]:
-    """Start `once serve ARGS` with env; each one must stop cleanly on SIGTERM."""
+def serve_process() -> Iterator[Callable[..., Served]]:
+    """Start a real `once serve ARGS` process with env; each one must stop cleanly on SIGTERM:
+    for what only the process shows (its first line, its stop, its ledger gone)."""
     started: list[Served] = []
 
     def start(*args: str, env: dict[str, str]) -> Served:
@@ -71,7 +75,7 @@ def job_order(page: str) -> list[str]:
 
 
 def test_each_endpoint_answers_with_its_status_and_content_type(
-        once_env: dict[str, str], serve: Callable[..., Served]) -> None:
+        once_env: dict[str, str], serve: Callable[..., ServedHere]) -> None:
     once(once_env, "run", "--job", "nightly", "--every", "day", "--", "true")
     server = serve(env=once_env)
     expected = {"/": (200, HTML), "/healthz": (200, TEXT), "/metrics": (200, METRICS),
@@ -96,19 +100,19 @@ def test_each_endpoint_answers_with_its_status_and_content_type(
 
 
 def test_an_empty_ledger_is_an_empty_fleet(once_env: dict[str, str],
-                                           serve: Callable[..., Served]) -> None:
+                                           serve: Callable[..., ServedHere]) -> None:
     server = serve(env=once_env)  # nothing has run: no tables (SQLite: no file); none made
     assert server.get("/healthz").status == 200
     page = server.get("/")
     assert page.status == 200 and "No job has run" in page.text
     assert json.loads(server.get("/api/status").body) == []
     assert samples(server.get("/metrics").text) == set()
-    printed = run_once("status", env=once_env)
+    printed = run_here("status", env=once_env)
     assert "no jobs in the ledger" in printed.stderr  # the ledger was left as it was
 
 
 def test_the_page_shows_missing_failed_out_and_stale_periods_first(
-        once_env: dict[str, str], serve: Callable[..., Served], tmp_path: Path) -> None:
+        once_env: dict[str, str], serve: Callable[..., ServedHere], tmp_path: Path) -> None:
     # gappy: done three days ago and today; the two days between are missing.
     once(once_env, "catchup", "--job", "gappy", "--every", "day", "--since", day(-3),
          "--until", day(-3), "--", "true")
@@ -153,7 +157,7 @@ def test_the_page_shows_missing_failed_out_and_stale_periods_first(
 
 
 def test_metrics_parse_and_agree_with_once_metrics_and_status_json(
-        once_env: dict[str, str], serve: Callable[..., Served]) -> None:
+        once_env: dict[str, str], serve: Callable[..., ServedHere]) -> None:
     once(once_env, "catchup", "--job", "report", "--every", "day", "--since", day(-4),
          "--until", day(-2), "--", "true")
     once(once_env, "run", "--job", "report", "--every", "day", "--", "false")
@@ -162,7 +166,7 @@ def test_metrics_parse_and_agree_with_once_metrics_and_status_json(
     server = serve(env=once_env)
     scraped = server.get("/metrics")
     assert scraped.status == 200 and scraped.type == METRICS
-    printed = run_once("metrics", env=once_env)
+    printed = run_here("metrics", env=once_env)
     assert printed.returncode == 0, printed.stderr
     assert samples(scraped.text) == samples(printed.stdout)
     assert scraped.text == printed.stdout
@@ -173,11 +177,11 @@ def test_metrics_parse_and_agree_with_once_metrics_and_status_json(
     assert found[("once_missing_periods", "report")] == 1  # yesterday
     assert found[("once_fires_total", "sync")] == 2
     status = json.loads(server.get("/api/status").body)
-    assert status == json.loads(run_once("status", "--json", env=once_env).stdout)
+    assert status == json.loads(run_here("status", "--json", env=once_env).stdout)
 
 
 def test_a_namespace_shows_its_own_jobs_only(once_env: dict[str, str],
-                                             serve: Callable[..., Served]) -> None:
+                                             serve: Callable[..., ServedHere]) -> None:
     for namespace in ("prod", "staging"):
         once(once_env, "run", "--namespace", namespace, "--job", "invoices", "--every", "day",
              "--", "true")
@@ -190,13 +194,14 @@ def test_a_namespace_shows_its_own_jobs_only(once_env: dict[str, str],
 
 
 def test_a_token_is_required_everywhere_but_healthz(once_env: dict[str, str], tmp_path: Path,
-                                                     serve: Callable[..., Served]) -> None:
+                                                     serve: Callable[..., ServedHere]) -> None:
     once(once_env, "run", "--job", "nightly", "--every", "day", "--", "true")
     (tmp_path / "token").write_text("s3cret-token-value\n")
     server = serve("--token-file", str(tmp_path / "token"), env=once_env)
     bearer = {"Authorization": "Bearer s3cret-token-value"}
     basic = {"Authorization": "Basic " + base64.b64encode(b"me:s3cret-token-value").decode()}
-    for path in ("/", "/metrics", "/api/status", "/job/nightly", "/job/unknown", "/elsewhere"):
+    for path in ("/", "/metrics", "/api/status", "/job/nightly", "/job/unknown", "/elsewhere",
+                 "/logs/nightly", "/logs/nightly?attempt=1", "/?state=failed"):
         refused = server.get(path)
         assert refused.status == 401, path
         assert "Basic" in refused.headers["WWW-Authenticate"]
@@ -212,7 +217,7 @@ def test_a_token_is_required_everywhere_but_healthz(once_env: dict[str, str], tm
 
 
 def test_bad_options_are_usage_errors(once_env: dict[str, str], tmp_path: Path,
-                                      serve: Callable[..., Served]) -> None:
+                                      serve: Callable[..., ServedHere]) -> None:
     (tmp_path / "empty").write_text("\n")
     cases = {("--token-file", str(tmp_path / "absent")): "cannot read --token-file",
              ("--token-file", str(tmp_path / "empty")): "holds no token",
@@ -230,7 +235,7 @@ def test_bad_options_are_usage_errors(once_env: dict[str, str], tmp_path: Path,
 
 
 def test_hostile_job_names_are_text(once_env: dict[str, str],
-                                    serve: Callable[..., Served]) -> None:
+                                    serve: Callable[..., ServedHere]) -> None:
     names = ["<script>alert(1)</script>", '"><img/src=x/onerror=alert(2)>', "a&b'c/d?e#f%2F"]
     for name in names:
         once(once_env, "run", "--job", name, "--every", "day", "--max-attempts", "1", "--",
@@ -252,16 +257,16 @@ def test_hostile_job_names_are_text(once_env: dict[str, str],
 
 def test_the_ledgers_password_is_never_shown(once_env: dict[str, str], ledger_url: str,
                                              tmp_path: Path,
-                                             serve: Callable[..., Served]) -> None:
+                                             serve_process: Callable[..., Served]) -> None:
     once(once_env, "run", "--job", "nightly", "--every", "day", "--", "true")
     password = "pa55-w0rd-XYZ"
     (tmp_path / "pw").write_text(password + "\n")
-    servers = [serve("--db-password-file", str(tmp_path / "pw"), env=once_env)]
+    servers = [serve_process("--db-password-file", str(tmp_path / "pw"), env=once_env)]
     parts = urlsplit(ledger_url)
     if parts.netloc:  # a server: the password in the URL too (trust auth ignores it)
         user = parts.username or "root"
         netloc = f"{user}:{password}@{parts.netloc.rpartition('@')[2]}"
-        servers.append(serve(env={**once_env,
+        servers.append(serve_process(env={**once_env,
                                   "ONCE_DATABASE_URL": parts._replace(netloc=netloc).geturl()}))
     for server in servers:
         assert password not in server.first_line
@@ -270,7 +275,7 @@ def test_the_ledgers_password_is_never_shown(once_env: dict[str, str], ledger_ur
 
 
 def test_many_clients_at_once_are_served(once_env: dict[str, str],
-                                         serve: Callable[..., Served]) -> None:
+                                         serve: Callable[..., ServedHere]) -> None:
     for job in ("a", "b", "c"):
         once(once_env, "run", "--job", job, "--every", "day", "--", "true")
     server = serve(env=once_env)
@@ -281,10 +286,10 @@ def test_many_clients_at_once_are_served(once_env: dict[str, str],
 
 
 def test_sigterm_stops_it_cleanly_even_with_an_idle_client(
-        once_env: dict[str, str], serve: Callable[..., Served]) -> None:
+        once_env: dict[str, str], serve_process: Callable[..., Served]) -> None:
     import socket
 
-    server = serve(env=once_env)
+    server = serve_process(env=once_env)
     idle = socket.create_connection(("127.0.0.1", server.port))  # connects, says nothing
     try:
         assert server.get("/healthz").status == 200
@@ -303,17 +308,18 @@ READ_TIMEOUT = 2.0
 BOUND = READ_TIMEOUT + 6  # an answer's bound on a loaded machine: the read's time plus slack
 
 
-def timed(server: Served, path: str) -> tuple[Answer, float]:
+def timed(server: Served | ServedHere, path: str) -> tuple[Answer, float]:
     began = time.monotonic()
     answer = server.get(path)
     return answer, time.monotonic() - began
 
 
+@pytest.mark.slow
 def test_a_stopped_database_makes_healthz_503_and_pages_say_so_until_it_is_back(
         private_pg: PrivatePostgres, pg_env: dict[str, str],
-        serve: Callable[..., Served]) -> None:
+        serve_process: Callable[..., Served]) -> None:
     once(pg_env, "run", "--job", "nightly", "--every", "day", "--", "true")
-    server = serve("--read-timeout", f"{READ_TIMEOUT:g}s", env=pg_env)
+    server = serve_process("--read-timeout", f"{READ_TIMEOUT:g}s", env=pg_env)
     assert server.get("/healthz").status == 200
     private_pg.stop()
     try:
@@ -332,11 +338,12 @@ def test_a_stopped_database_makes_healthz_503_and_pages_say_so_until_it_is_back(
     assert "ledger unreachable" not in page.text
 
 
+@pytest.mark.slow
 def test_a_frozen_database_does_not_hang_the_server(
         private_pg: PrivatePostgres, pg_env: dict[str, str],
-        serve: Callable[..., Served]) -> None:
+        serve_process: Callable[..., Served]) -> None:
     once(pg_env, "run", "--job", "nightly", "--every", "day", "--", "true")
-    server = serve("--read-timeout", f"{READ_TIMEOUT:g}s", env=pg_env)
+    server = serve_process("--read-timeout", f"{READ_TIMEOUT:g}s", env=pg_env)
     assert server.get("/").status == 200
     with private_pg.frozen():
         time.sleep(1.1)
@@ -351,13 +358,14 @@ def test_a_frozen_database_does_not_hang_the_server(
     wait_for(lambda: server.get("/").status == 200, timeout=BOUND, what="the page's recovery")
 
 
+@pytest.mark.slow
 def test_a_slow_ledger_is_given_up_on_and_healthz_still_answers(
         private_pg: PrivatePostgres, pg_env: dict[str, str],
-        serve: Callable[..., Served]) -> None:
+        serve_process: Callable[..., Served]) -> None:
     import psycopg
 
     once(pg_env, "run", "--job", "nightly", "--every", "day", "--", "true")
-    server = serve("--read-timeout", f"{READ_TIMEOUT:g}s", env=pg_env)
+    server = serve_process("--read-timeout", f"{READ_TIMEOUT:g}s", env=pg_env)
     conninfo = pg_env["ONCE_DATABASE_URL"]
     with psycopg.connect(conninfo) as blocker:  # holds the table: every read of it waits
         blocker.execute("LOCK TABLE once_runs IN ACCESS EXCLUSIVE MODE")
@@ -370,3 +378,49 @@ def test_a_slow_ledger_is_given_up_on_and_healthz_still_answers(
         blocker.rollback()
     time.sleep(1.1)
     assert server.get("/").status == 200
+
+
+@pytest.mark.slow
+def test_trickling_clients_are_cut_off_and_cannot_hold_the_others_back(
+        once_env: dict[str, str], serve_process: Callable[..., Served]) -> None:
+    import socket
+
+    from once.serve.server import MAX_CLIENTS, REQUEST_DEADLINE
+
+    once(once_env, "run", "--job", "j", "--every", "day", "--", "true")
+    server = serve_process(env=once_env)
+    tricklers = []
+    for _ in range(MAX_CLIENTS + 8):  # more than the requests it serves at once
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+        tricklers.append(sock)
+    began = time.monotonic()
+    assert server.get("/healthz", timeout=10).status == 200  # not held at 503 by them
+    assert server.get("/metrics", timeout=10).status == 200
+    for sock in tricklers:  # a header byte every second: each read is well within 15 s
+        with contextlib.suppress(OSError):
+            sock.sendall(b"X")
+    cut = []
+    deadline = time.monotonic() + REQUEST_DEADLINE + 20
+    for sock in tricklers:
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        while True:
+            try:
+                if not sock.recv(1024):
+                    break
+            except (TimeoutError, ConnectionResetError):
+                break
+            with contextlib.suppress(OSError):
+                sock.sendall(b"X")
+        cut.append(time.monotonic() - began)
+        sock.close()
+    assert max(cut) < REQUEST_DEADLINE + 15, cut  # a whole-request deadline, not a per-read one
+
+
+def test_a_name_no_ledger_can_hold_is_not_found_on_every_backend(
+        once_env: dict[str, str], serve: Callable[..., ServedHere]) -> None:
+    once(once_env, "run", "--job", "j", "--every", "day", "--", "true")
+    server = serve(env=once_env)
+    for path in ("/job/a%00b", "/job/a%20b", "/job/" + "x" * 300, "/job/%E2%80%8Bx%0A",
+                 "/logs/a%00b", "/logs/j?period=2026%00", "/logs/j?period=" + "x" * 300):
+        assert server.get(path).status == 404, path

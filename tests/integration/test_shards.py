@@ -1,7 +1,8 @@
 """Sharded periods (`--shards`, `--all-shards`), on every backend: each shard of a period
 runs once, takeovers, catch-up, rerun and check by shard.
 
-Real `once` processes against real databases (children and helpers: tests/child_log.py).
+Real `once` processes against real databases (children and helpers: tests/child_log.py);
+the reports in this process (helpers.run_either).
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from child_log import (
     stable_day,
     stored_state,
 )
-from helpers import ONCE, release_together, run_once, wait_for
+from helpers import ONCE, release_together, run_either, wait_for
 from ledger_sql import query, scalar
 from procs import alive, parent, pids, start_once
 
 pytestmark = pytest.mark.usefixtures("ledger_url")
 
 
+@pytest.mark.slow
 def test_8_processes_with_4_shards_run_each_shard_once(env: dict[str, str], tmp_path: Path,
                                                        ledger_url: str) -> None:
     stable_day()
@@ -52,6 +54,7 @@ def test_a_sharded_run_takes_the_lowest_shard_it_can(env: dict[str, str]) -> Non
     assert [line.split()[1] for line in logged(env)] == ["0", "1", "2"]
 
 
+@pytest.mark.slow
 def test_a_killed_shard_owner_is_taken_over(env: dict[str, str], tmp_path: Path,
                                             ledger_url: str) -> None:
     stable_day()
@@ -126,11 +129,11 @@ def test_catchup_fills_only_the_missing_shards(env: dict[str, str], ledger_url: 
     for _ in range(2):
         assert run(env, "split", *sharded, "--lag", "1", command=["true"]).returncode == 0
     catchup = ["catchup", "--job", "split", *DAY, *sharded, "--since", day_key(4)]
-    dry = run_once(*catchup, "--dry-run", env=env)
+    dry = run_either(*catchup, "--dry-run", env=env)
     assert dry.returncode == 0, dry.stderr
     assert [line.split()[0] for line in dry.stdout.splitlines()] == [
         day_key(4), day_key(2), day_key(1), day_key(0)]
-    result = run_once(*catchup, "--", *SHARD_LOG, env=env)
+    result = run_either(*catchup, "--", *SHARD_LOG, env=env)
     assert result.returncode == 0, result.stderr
     ran = [tuple(line.split()[:2]) for line in logged(env)]
     expected = ([(day_key(4), str(i)) for i in range(4)]
@@ -139,7 +142,7 @@ def test_catchup_fills_only_the_missing_shards(env: dict[str, str], ledger_url: 
                 + [(day_key(0), str(i)) for i in range(4)])
     assert ran == expected
     assert scalar(ledger_url, "SELECT count(*) FROM once_runs WHERE status = 'done'") == 20
-    assert run_once(*catchup, "--", *SHARD_LOG, env=env).returncode == 0
+    assert run_either(*catchup, "--", *SHARD_LOG, env=env).returncode == 0
     assert len(logged(env)) == len(expected)
 
 
@@ -147,7 +150,7 @@ def test_catchup_by_default_resumes_a_partly_done_period(env: dict[str, str]) ->
     stable_day()
     # Yesterday has only shard 0 done: it is not done, so catch-up starts there.
     assert run(env, "split", "--shards", "2", "--lag", "1", command=["true"]).returncode == 0
-    result = run_once("catchup", "--job", "split", *DAY, "--shards", "2", "--", *SHARD_LOG,
+    result = run_either("catchup", "--job", "split", *DAY, "--shards", "2", "--", *SHARD_LOG,
                       env=env)
     assert result.returncode == 0, result.stderr
     assert [tuple(line.split()[:2]) for line in logged(env)] == [
@@ -167,11 +170,11 @@ def test_rerun_of_a_sharded_job_names_one_shard(env: dict[str, str], ledger_url:
     assert run(env, "split", "--shards", "2", "--all-shards", command=SHARD_LOG
                ).returncode == 0
     for bad in (day_key(0), f"{day_key(0)}#2", f"{day_key(0)}#x"):
-        refused = run_once("rerun", "--job", "split", "--period", bad, "--", *SHARD_LOG,
+        refused = run_either("rerun", "--job", "split", "--period", bad, "--", *SHARD_LOG,
                            env=env)
         assert refused.returncode == 2, refused.stderr
         assert "KEY#i" in once_line(refused.stderr)
-    result = run_once("rerun", "--job", "split", "--period", f"{day_key(0)}#1", "--reason",
+    result = run_either("rerun", "--job", "split", "--period", f"{day_key(0)}#1", "--reason",
                       "bad input", "--", *SHARD_LOG, env=env)
     assert result.returncode == 0, result.stderr
     assert logged(env)[-1].split() == [day_key(0), "1", "2", "2"]
@@ -179,7 +182,7 @@ def test_rerun_of_a_sharded_job_names_one_shard(env: dict[str, str], ledger_url:
         (f"{day_key(0)}#0", 1), (f"{day_key(0)}#1", 2)]
     unsharded = run(env, "plain", command=["true"])
     assert unsharded.returncode == 0
-    refused = run_once("rerun", "--job", "plain", "--period", f"{day_key(0)}#0", "--",
+    refused = run_either("rerun", "--job", "plain", "--period", f"{day_key(0)}#0", "--",
                        "true", env=env)
     assert refused.returncode == 2 and "no shards" in once_line(refused.stderr)
 
@@ -193,14 +196,14 @@ def test_state_with_shards_hands_each_shard_the_watermark(env: dict[str, str],
 
 
 def _check(env: dict[str, str], job: str) -> subprocess.CompletedProcess[str]:
-    return run_once("check", job, env=env)
+    return run_either("check", job, env=env)
 
 
 def test_check_reports_a_missing_shard_as_a_missing_period(env: dict[str, str],
                                                            ledger_url: str) -> None:
     stable_day()
     # Two days back and yesterday, both due (lag 0: each has ended), every shard done.
-    result = run_once("catchup", "--job", "split", *DAY, "--shards", "2", "--since",
+    result = run_either("catchup", "--job", "split", *DAY, "--shards", "2", "--since",
                       day_key(2), "--until", day_key(1), "--", "true", env=env)
     assert result.returncode == 0, result.stderr
     whole = _check(env, "split")
@@ -210,6 +213,6 @@ def test_check_reports_a_missing_shard_as_a_missing_period(env: dict[str, str],
     partial = _check(env, "split")
     assert partial.returncode == 2, partial.stdout + partial.stderr
     assert "missing" in partial.stdout and day_key(2) in partial.stdout, partial.stdout
-    status = run_once("status", "split", "--json", env=env)
+    status = run_either("status", "split", "--json", env=env)
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)[0]["missing"] == 1

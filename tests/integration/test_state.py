@@ -1,6 +1,7 @@
 """Watermarks (`--state`) and `once state`, on every backend: what a run sees and leaves.
 
-Real `once` processes against real databases (children and helpers: tests/child_log.py).
+Real `once` processes against real databases (children and helpers: tests/child_log.py);
+`once state` and the reports in this process (helpers.run_either).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from child_log import (
     stable_day,
     stored_state,
 )
-from helpers import ONCE, continue_if_sqlite, release_together, run_once, wait_for
+from helpers import ONCE, continue_if_sqlite, release_together, run_either, wait_for
 from ledger_sql import query, scalar
 from procs import alive, pids, start_once
 
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.usefixtures("ledger_url")
 
 
 def set_state(env: dict[str, str], job: str, value: str) -> None:
-    result = run_once("state", job, "--set", value, env=env)
+    result = run_either("state", job, "--set", value, env=env)
     assert result.returncode == 0, result.stderr
 
 
@@ -51,7 +52,7 @@ def test_successive_runs_see_the_previous_watermark(env: dict[str, str],
         assert result.returncode == 0, result.stderr
     assert logged(env) == [f"{day_key(2)}|", f"{day_key(1)}|{day_key(2)}",
                            f"{day_key(0)}|{day_key(1)}"]
-    shown = run_once("state", "sync", env=env)
+    shown = run_either("state", "sync", env=env)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout == day_key(0) + "\n"
     assert stored_state(ledger_url, "sync") == (day_key(0), 3)
@@ -59,7 +60,7 @@ def test_successive_runs_see_the_previous_watermark(env: dict[str, str],
 
 def test_catchup_carries_the_watermark_from_period_to_period(env: dict[str, str],
                                                              ledger_url: str) -> None:
-    result = run_once("catchup", "--job", "sync", *DAY, "--state", "--since", "2026-03-01",
+    result = run_either("catchup", "--job", "sync", *DAY, "--state", "--since", "2026-03-01",
                       "--until", "2026-03-05", "--", *INCREMENT, env=env)
     assert result.returncode == 0, result.stderr
     assert logged(env) == [f"2026-03-0{d} {d - 1}" for d in range(1, 6)]
@@ -80,7 +81,7 @@ def test_without_state_the_command_gets_no_state_variables(env: dict[str, str]) 
     dump = ["sh", "-c", 'echo "${ONCE_STATE-unset} ${ONCE_STATE_OUT-unset}" >> "$LOG"']
     assert run(env, "plain", command=dump).returncode == 0
     assert logged(env) == ["unset unset"]
-    assert run_once("state", "plain", env=env).stdout == ""  # a job that never kept one
+    assert run_either("state", "plain", env=env).stdout == ""  # a job that never kept one
 
 
 def test_a_failing_run_does_not_move_it(env: dict[str, str], ledger_url: str) -> None:
@@ -106,6 +107,7 @@ def test_a_timed_out_run_does_not_move_it(env: dict[str, str], ledger_url: str) 
         ("done",), ("failed",)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("child", ["still-running", "exited-0"])
 def test_a_fenced_out_owner_never_moves_it(env: dict[str, str], tmp_path: Path,
                                            ledger_url: str, child: str) -> None:
@@ -121,7 +123,7 @@ def test_a_fenced_out_owner_never_moves_it(env: dict[str, str], tmp_path: Path,
     os.kill(first.pid, signal.SIGSTOP)
 
     def second_ran() -> bool:
-        result = run_once(*args, "sh", "-c",
+        result = run_either(*args, "sh", "-c",
                           'printf "%s" "$ONCE_STATE" > "$DIR/second-saw"; '
                           'echo second > "$ONCE_STATE_OUT"', env=env)
         assert result.returncode == 0, result.stderr
@@ -174,6 +176,7 @@ def test_a_deliberate_set_while_a_run_is_in_flight_fences_the_run_out(
         ("done",), ("running",)]
 
 
+@pytest.mark.slow
 def test_concurrent_runs_never_lose_an_advance(env: dict[str, str], tmp_path: Path,
                                                ledger_url: str) -> None:
     """8 processes, each on a period of its own, each reading the watermark as an integer and
@@ -181,7 +184,7 @@ def test_concurrent_runs_never_lose_an_advance(env: dict[str, str], tmp_path: Pa
     advance was not recorded said so with 70; retrying those converges on 8."""
     stable_day()
     # Tables first: 8 first uses would spend part of the claim's lease creating them.
-    assert run_once("schema", env=env).returncode == 0
+    assert run_either("schema", env=env).returncode == 0
     stale = 5.0
     slow_increment = ["sh", "-c", 'n=${ONCE_STATE:-0}; sleep 0.3; '
                       'echo "$ONCE_PERIOD $n" >> "$LOG"; echo $((n + 1)) > "$ONCE_STATE_OUT"']
@@ -195,7 +198,7 @@ def test_concurrent_runs_never_lose_an_advance(env: dict[str, str], tmp_path: Pa
         if rounds <= 2:  # two rounds of all at once, then one at a time
             results = release_together([command(lag) for lag in left], tmp_path / "gate", env)
         else:
-            results = [run_once(*command(left[0])[1:], env=env)]
+            results = [run_either(*command(left[0])[1:], env=env)]
         done = int(scalar(ledger_url, "SELECT count(*) FROM once_runs WHERE status = 'done'"))
         state, version = stored_state(ledger_url, "counter")
         assert state is not None and int(state) == done == version, (state, done, version)
@@ -243,7 +246,7 @@ def test_the_next_run_sees_the_value_exactly(env: dict[str, str], tmp_path: Path
     seen = ["sh", "-c", 'printf "%s" "$ONCE_STATE" > "$DIR/seen"']
     assert run(env, "exact", "--state", command=seen).returncode == 0
     assert (tmp_path / "seen").read_text() == value
-    assert run_once("state", "exact", env=env).stdout == value + "\n"
+    assert run_either("state", "exact", env=env).stdout == value + "\n"
 
 
 def test_no_file_means_no_change(env: dict[str, str], ledger_url: str) -> None:
@@ -311,10 +314,10 @@ def test_a_nul_byte_fails_the_run_on_every_backend(env: dict[str, str],
 def test_state_set_is_seen_and_recorded_in_the_history(env: dict[str, str],
                                                        ledger_url: str) -> None:
     assert run(env, "sync", "--state", "--lag", "1", command=INCREMENT).returncode == 0
-    result = run_once("state", "sync", "--set", "41", env=env)
+    result = run_either("state", "sync", "--set", "41", env=env)
     assert result.returncode == 0, result.stderr
     assert "state set" in once_line(result.stderr)
-    assert run_once("state", "sync", env=env).stdout == "41\n"
+    assert run_either("state", "sync", env=env).stdout == "41\n"
     assert run(env, "sync", "--state", command=INCREMENT).returncode == 0
     assert logged(env)[-1].split()[1] == "41"
     assert stored_state(ledger_url, "sync") == ("42", 3)
@@ -324,25 +327,25 @@ def test_state_set_is_seen_and_recorded_in_the_history(env: dict[str, str],
     period, status, outcome, reason, fingerprint = rows[0]
     assert (period, status, outcome, fingerprint) == ("(state)", "done", "state-set", None)
     assert "41" in reason
-    history = run_once("history", "sync", "--json", env=env)
+    history = run_either("history", "sync", "--json", env=env)
     assert history.returncode == 0, history.stderr
     assert "(state)" in [entry.get("period") for entry in json.loads(history.stdout)]
 
 
 def test_state_of_an_unknown_job_is_a_usage_error(env: dict[str, str]) -> None:
     for args in (["state", "nope"], ["state", "nope", "--set", "1"]):
-        result = run_once(*args, env=env)
+        result = run_either(*args, env=env)
         assert result.returncode == 2, result.stderr
         assert "unknown job" in once_line(result.stderr)
     assert run(env, "known", command=["true"]).returncode == 0
-    result = run_once("state", "nope", env=env)
+    result = run_either("state", "nope", env=env)
     assert result.returncode == 2 and "unknown job" in once_line(result.stderr)
 
 
 def test_state_set_refuses_what_a_watermark_cannot_hold(env: dict[str, str],
                                                         ledger_url: str) -> None:
     assert run(env, "sync", "--state", command=INCREMENT).returncode == 0
-    big = run_once("state", "sync", "--set", "x" * (64 * 1024 + 1), env=env)
+    big = run_either("state", "sync", "--set", "x" * (64 * 1024 + 1), env=env)
     assert big.returncode == 2 and "64 KiB" in once_line(big.stderr)
     # Bytes that are not UTF-8 reach Python as surrogate escapes.
     bad = subprocess.run([os.fsencode(ONCE), b"state", b"sync", b"--set", b"\xff\xfe"],

@@ -23,6 +23,7 @@ WORKER = ('echo $$ > "$DIR/pid"; trap \'touch "$DIR/term"; exit 143\' TERM; '
           'sleep 5 & wait; touch "$DIR/finished-$ONCE_FENCE"')
 
 
+@pytest.mark.slow
 def test_a_stopped_owners_command_is_stopped_by_its_deadline(once_env: dict[str, str],
                                                             tmp_path: Path,
                                                             ledger_url: str) -> None:
@@ -179,6 +180,7 @@ class _RowLock:
         return lines
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["run", "catchup"])
 def test_a_final_write_answered_while_once_exits_still_exits_75(
         once_env: dict[str, str], tmp_path: Path, ledger_url: str, command: str) -> None:
@@ -229,6 +231,11 @@ def test_a_first_use_waits_for_the_schema_on_one_connection(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
                 (app,)).fetchone()[0])
 
+        def waiting() -> bool:
+            return bool(holder.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+                " AND wait_event = 'advisory'", (app,)).fetchone()[0])
+
         def release() -> None:
             holder.execute("SELECT pg_advisory_unlock(7310504102)")
     else:
@@ -243,13 +250,22 @@ def test_a_first_use_waits_for_the_schema_on_one_connection(
                             "WHERE db = DATABASE() AND id <> CONNECTION_ID()")
                 return int(cur.fetchone()[0])
 
+        def waiting() -> bool:
+            with holder.cursor() as cur:
+                cur.execute("SELECT count(*) FROM information_schema.processlist "
+                            "WHERE db = DATABASE() AND info LIKE 'SELECT GET_LOCK%%'")
+                return bool(cur.fetchone()[0])
+
         def release() -> None:
             holder.cursor().execute("SELECT RELEASE_LOCK('once_schema')")
     marker = tmp_path / "ran"
     try:
         proc = start_once("run", "--job", "first", "--every", "day", "--", "touch",
                           str(marker), env=once_env)
-        wait_for(lambda: connections() >= 1, what="the first use to wait for the schema")
+        # Waiting on the lock, not merely connected: the claim that found no tables had a
+        # connection of its own a moment before, and under load closing it and opening the
+        # schema's can take longer than the second below.
+        wait_for(waiting, what="the first use to wait for the schema")
         time.sleep(1.0)  # a second connection, if any, has had time to show
         seen = connections()
     finally:
@@ -261,6 +277,7 @@ def test_a_first_use_waits_for_the_schema_on_one_connection(
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_a_renewal_stuck_past_the_deadline_keeps_its_connection(
         once_env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
     # torture, mixed fleet on SQLite: an outsider held the write lock while a `once rerun`'s

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from once.ledger.rows import RunRow
 from once.periods import schedule
-from once.report import JobState, RunRow
+from once.report import JobState
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)  # today's period, 2026-12-01, is not due
 SCHED = schedule("day", None, "UTC")
@@ -16,8 +17,8 @@ def day_job(name: str = "nightly", first: str = "2026-11-20", max_attempts: int 
             shards: int = 1, fires: int = 12) -> JobState:
     """A daily job (lag 0) first claimed on `first`: due through yesterday at NOW."""
     start = datetime.fromisoformat(first).replace(tzinfo=UTC)
-    s = JobState(name, "every", "day", "UTC", 0, max_attempts, 300.0, fires, start, NOW,
-                 shards)
+    s = JobState(name, "every", "day", "UTC", 0, max_attempts, 300.0, fires, start, shards,
+                 False, NOW)
     s.sched = SCHED
     s.first = SCHED.containing(start)
     s.current = SCHED.containing(NOW)
@@ -29,7 +30,7 @@ def day_job(name: str = "nightly", first: str = "2026-11-20", max_attempts: int 
 
 def row(key: str, status: str, attempt: int = 1, *, job: str = "nightly",
         beat_ago: float = 10.0, stale_after: float = 300.0, took: float | None = None,
-        exit_code: int | None = None, owner: str = "vm:42") -> RunRow:
+        exit_code: int | None = None, owner: str = "vm:42", interrupted: int = 0) -> RunRow:
     """A once_runs row of the daily job's period `key` (KEY or KEY#i)."""
     period = SCHED.containing(datetime.fromisoformat(key.partition("#")[0])
                               .replace(tzinfo=UTC))
@@ -37,4 +38,4 @@ def row(key: str, status: str, attempt: int = 1, *, job: str = "nightly",
     finished = None if took is None else started + timedelta(seconds=took)
     return RunRow(job, key, status, attempt, attempt, owner, period.start, period.end,
                   started, NOW - timedelta(seconds=beat_ago), finished, exit_code,
-                  stale_after)
+                  stale_after, interrupted)

@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from once.core import Result
 from once.ledger import Claim, Job, Target
 from once.periods import Period
+from once.run.flow import Result
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class DataJob:  # Job as it was
     max_attempts: int = 3
     stale_after: float = 300.0
     shards: int = 1
+    no_overlap: bool = False
 
 
 def test_a_record_reads_equals_hashes_and_shows_like_the_dataclass() -> None:
@@ -34,9 +35,9 @@ def test_a_record_reads_equals_hashes_and_shows_like_the_dataclass() -> None:
         "j", 0, 3, 300.0, 2)
     assert repr(job) == repr(old).replace("DataJob", "Job")
     assert hash(job) == hash(old)
-    assert job == Job("j", "every", "day", "UTC", 0, 3, 300.0, 2)
+    assert job == Job("j", "every", "day", "UTC", 0, 3, 300.0, 2, False)
     assert job != Job("j", "every", "day", "UTC")
-    assert job != old and job != ("j", "every", "day", "UTC", 0, 3, 300.0, 2)
+    assert job != old and job != ("j", "every", "day", "UTC", 0, 3, 300.0, 2, False)
     assert len({job, Job("j", "every", "day", "UTC", shards=2)}) == 1
 
 

@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from once import gaps
+from once import gaps, outcomes
+from once.ledger.records import beaten
 from once.periods import Period, Schedule, schedule
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -136,3 +137,21 @@ def test_a_cron_job_is_walked_forwards_only() -> None:
 def test_needs_run(status: str, attempt: int, stale: bool, needs: bool) -> None:
     row = gaps.OpenRow("2026-11-30", NOW, status, attempt, stale)
     assert gaps.needs_run(row, max_attempts=3) is needs
+
+
+@pytest.mark.parametrize(("attempt", "interrupted", "left"), [
+    (3, 0, 0),  # three failures: used up
+    (3, 2, 2),  # two drains and one real failure: two failures left of --max-attempts 3
+    (5, 2, 0),  # and then two more failures
+    (8, 7, 1),  # interrupted nearly every time: the attempt cap (9) is near
+    (9, 8, 0),  # the cap: a period interrupted for ever is not retried for ever
+    (9, 9, 0),
+])
+def test_interrupted_attempts_keep_the_budget(attempt: int, interrupted: int,
+                                               left: int) -> None:
+    assert outcomes.attempts_left(attempt, interrupted, 3) == left
+    row = gaps.OpenRow("2026-11-30", NOW, "failed", attempt, False, interrupted)
+    assert gaps.needs_run(row, max_attempts=3) is (left > 0)
+    holder = ("failed", attempt, 1, "them", 1.0, 300.0, interrupted)  # records.beaten's read
+    assert beaten(holder, 3, rerun=False) is (left == 0)
+    assert beaten(holder, 3, rerun=True) is False

@@ -1,4 +1,4 @@
-"""The layout's rules (README "Layout"), as a test over the import graph of src/once.
+"""The layout's rules (docs/contributing.md "Layout"), as a test over the import graph of src/once.
 
 Read from the source with ast, nothing imported: every `import` and `from ... import` of every
 module, at its top or inside a function (a lazy import is still a dependency). The hot path's
@@ -19,7 +19,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 MAX_LINES = 500
 
 # Modules that hold no rule of the tool: what they may import is not a layering question.
-LEAVES = {"once.limits", "once.escape", "once.outcomes", "once.deadlines", "once.frozen"}
+LEAVES = {"once.limits", "once.escape", "once.outcomes", "once.deadlines", "once.frozen",
+          "once.messages"}
 DRIVERS = {"sqlite3", "psycopg", "pymysql"}
 # What a report or once serve may take from SQLAlchemy outside once.ledger: connections and
 # their errors, never a statement builder (select, insert, text, func...).
@@ -68,13 +69,13 @@ def imports(module: str) -> tuple[Import, ...]:
 
 
 def _once_imports(module: str) -> set[str]:
-    """The modules of once that `module` imports (a `from once import x` names once.x)."""
+    """The modules of once that `module` imports (a `from once.run import x` names once.run.x)."""
     found = set()
     for imp in imports(module):
-        if imp.module == "once":
-            found |= {f"once.{n}" for n in imp.names if f"once.{n}" in modules()} or {"once"}
-        elif imp.module.startswith("once."):
-            found.add(imp.module)
+        if imp.module == "once" or _in(imp.module, "once"):
+            # `from once.run import guard` names the module once.run.guard, not the package.
+            named = {f"{imp.module}.{n}" for n in imp.names if f"{imp.module}.{n}" in modules()}
+            found |= named or {imp.module}
     return found
 
 
@@ -84,16 +85,17 @@ def _in(module: str, package: str) -> bool:
 
 def test_the_graph_is_read() -> None:
     # A rule over an empty graph would pass: the reader must see what is surely there.
-    assert {"once.periods", "once.cli", "once.core", "once.ledger", "once.report"} <= set(modules())
-    assert "once.ledger" in _once_imports("once.core")
+    assert {"once.periods", "once.cli", "once.run.flow", "once.ledger", "once.report"} <= set(
+        modules())
+    assert "once.ledger" in _once_imports("once.run.flow")
     assert any(i.module == "sqlalchemy" for i in imports("once.ledger.schema"))
 
 
-@pytest.mark.parametrize("module", ["once.periods", "once.cron"])
+@pytest.mark.parametrize("module", ["once.periods", "once.units", "once.cron"])
 def test_time_is_pure(module: str) -> None:
-    # Periods and cron: the stdlib, zoneinfo, cronsim, the input limits and the records' base,
-    # nothing of once that knows a database, a process or a terminal.
-    allowed = {"once.periods", "once.cron", "once.limits", "once.frozen"}
+    # Periods, units and cron: the stdlib, zoneinfo, cronsim, the input limits and the records'
+    # base, nothing of once that knows a database, a process or a terminal.
+    allowed = {"once.periods", "once.units", "once.cron", "once.limits", "once.frozen"}
     assert _once_imports(module) <= allowed
     third_party = {i.module.split(".")[0] for i in imports(module)} - {"once"}
     assert not third_party & {"sqlalchemy", "rich", "click", *DRIVERS}
@@ -116,14 +118,15 @@ def test_sql_lives_in_the_ledger(module: str) -> None:
             builders = set(imp.names) - SQLALCHEMY_PLUMBING
             assert imp.names and not builders, (
                 f"{module} imports {sorted(builders) or imp.module} from SQLAlchemy: "
-                "statements are built in once.ledger (queries, schema, prune)")
+                "statements are built in once.ledger (history, engines, schema, prune)")
     tree = ast.parse(modules()[module].read_text())
     held = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
             and isinstance(n.value, str) and STATEMENT.match(n.value)]
     assert not held, f"{module} holds SQL text: {held[0][:60]!r}"
 
 
-BELOW_THE_LEDGER = {"once.gaps", "once.stored", "once.periods", "once.cron", *LEAVES}
+BELOW_THE_LEDGER = {"once.gaps", "once.stored", "once.periods", "once.units", "once.cron",
+                    *LEAVES}
 
 
 @pytest.mark.parametrize("module", sorted(m for m in modules() if _in(m, "once.ledger")))
@@ -135,23 +138,30 @@ def test_the_ledger_imports_no_part_above_it(module: str) -> None:
 
 @pytest.mark.parametrize("module", ["once.gaps", "once.stored"])
 def test_row_meaning_needs_only_time(module: str) -> None:
-    assert _once_imports(module) <= {"once.gaps", "once.stored", "once.periods", *LEAVES}
+    assert _once_imports(module) <= {"once.gaps", "once.stored", "once.periods", "once.units",
+                                     *LEAVES}
 
 
-@pytest.mark.parametrize("module", ["once.cli", "once.commands", "once.complete"])
+@pytest.mark.parametrize("module", ["once.cli", "once.cli.commands", "once.cli.complete"])
 def test_the_cli_holds_no_sql(module: str) -> None:
     roots = {i.module.split(".")[0] for i in imports(module)}
     assert not roots & {"sqlalchemy", *DRIVERS}
-    assert not any(_in(m, "once.ledger.queries") or _in(m, "once.ledger.schema")
+    assert not any(_in(m, "once.ledger.history") or _in(m, "once.ledger.schema")
                    for m in _once_imports(module) if m != "once.ledger")
 
 
-HOT = ("once.cli", "once.core", "once.runner", "once.guard", "once.lease", "once.relay",
-       "once.child", "once.attempt", "once.periods", "once.ledger", "once.ledger.base",
-       "once.ledger.url", "once.ledger.records", "once.ledger.sqlite", "once.ledger.postgres",
-       "once.ledger.mysql", "once.ledger.catchup", "once.gaps", "once.notify", "once.api")
-COLD = ("sqlalchemy", "rich", "once.report", "once.ledger.schema", "once.ledger.queries",
-        "once.ledger.prune", "once.ledger.engines", "once.serve", "once._docs", "once.commands")
+HOT = ("once.cli", "once.cli.main", "once.api", "once.run.flow", "once.run.wrapper",
+       "once.run.machine", "once.run.guard", "once.run.lease", "once.run.relay", "once.run.child",
+       "once.run.attempt", "once.run.notify", "once.messages", "once.periods", "once.units",
+       "once.gaps",
+       "once.ledger", "once.ledger.base", "once.ledger.url", "once.ledger.records",
+       "once.ledger.dialects", "once.ledger.errors", "once.ledger.sqlite",
+       "once.ledger.postgres", "once.ledger.pg_claim", "once.ledger.mysql",
+       "once.ledger.connect", "once.ledger.watchdog", "once.ledger.gap_rows")
+# once.ledger.dbapi holds annotations alone: imported under TYPE_CHECKING, never run.
+COLD = ("sqlalchemy", "rich", "once.report", "once.ledger.schema", "once.ledger.upgrade",
+        "once.ledger.history", "once.ledger.fleet", "once.ledger.rows", "once.ledger.dbapi",
+        "once.ledger.prune", "once.ledger.engines", "once.serve", "once._docs", "once.cli.commands")
 
 
 @pytest.mark.parametrize("module", [m for m in HOT if m in modules()] + ["once.cli"])
@@ -172,17 +182,23 @@ def test_every_module_is_small() -> None:
     assert not {m: n for m, n in sizes.items() if n > MAX_LINES}
 
 
-# README "Layout", top to bottom: a part imports only its own layer and those below it.
+# docs/contributing.md "Layout", top to bottom: a part imports only its layer and those below.
 LAYERS = (
-    ("once.cli", "once.commands", "once.complete"),
-    ("once.report", "once.serve", "once.progress"),
-    ("once.api", "once.core"),
-    ("once.runner", "once.guard", "once.lease", "once.relay", "once.child", "once.attempt",
-     "once.notify"),
+    ("once.cli",),
+    ("once.report", "once.serve"),
+    ("once.api",),
+    ("once.run",),
     ("once.ledger",),
     ("once.gaps", "once.stored"),
-    ("once.periods", "once.cron"),
+    ("once.periods", "once.units", "once.cron"),
     tuple(sorted(LEAVES)),
+)
+# Inside once.run: run and catch-up compose the parts that start and watch one command.
+RUN_LAYERS = (
+    ("once.run.flow", "once.run.backfill"),
+    ("once.run.wrapper", "once.run.guard", "once.run.keeper", "once.run.lease", "once.run.relay",
+     "once.run.child", "once.run.attempt", "once.run.notify"),
+    ("once.run.machine",),  # the wrapper's rules: pure, below its shell
 )
 
 
@@ -196,6 +212,26 @@ def _layer(module: str) -> int | None:
                                           and not _in(m, "once._docs")))
 def test_a_part_imports_no_layer_above_its_own(module: str) -> None:
     mine = _layer(module)
-    assert mine is not None, f"{module} is in no layer of README Layout"
+    assert mine is not None, f"{module} is in no layer of docs/contributing.md 'Layout'"
     up = [m for m in _once_imports(module) - {"once"} if (_layer(m) or 0) < mine]
-    assert not up, f"{module} imports {up}, above it in README Layout"
+    assert not up, f"{module} imports {up}, above it in docs/contributing.md 'Layout'"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if _in(m, "once.run")
+                                          and m != "once.run"))
+def test_the_run_path_starts_one_command_below_run_and_catch_up(module: str) -> None:
+    def inner(name: str) -> int | None:
+        return next((i for i, parts in enumerate(RUN_LAYERS) if name in parts), None)
+    mine = inner(module)
+    assert mine is not None, f"{module} is in no layer of once.run (RUN_LAYERS)"
+    up = [m for m in _once_imports(module) if _in(m, "once.run") and (inner(m) or 0) < mine]
+    assert not up, f"{module} imports {up}: run and catch-up compose the parts, not the reverse"
+
+
+def test_every_module_sits_in_a_package_of_its_layer() -> None:
+    # The layers are packages, not only a list: a new module at the top of src/once is one of
+    # the public face (api) or a pure part below the ledger.
+    top = {m for m in modules() if m.count(".") == 1 and not m.startswith("once._")}
+    assert top - {"once.__main__"} <= {
+        "once.cli", "once.report", "once.serve", "once.api", "once.run", "once.ledger",
+        "once.gaps", "once.stored", "once.periods", "once.units", "once.cron", *LEAVES}

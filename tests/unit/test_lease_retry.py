@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import time
 
-from once import runner
-from once.lease import Lease
+from once.run import wrapper
+from once.run.lease import Lease
 
 
 def test_a_renewal_that_failed_once_is_retried_before_the_step_down() -> None:
@@ -28,14 +28,6 @@ def test_a_renewal_that_failed_once_is_retried_before_the_step_down() -> None:
 
     stale = 3.0  # renewals every second; SIGTERM a second before the deadline
     lease = Lease(renew, stale, Lease.now())
-    outcome = runner.run(["sleep", "4"], dict(os.environ), lease)
+    outcome = wrapper.run(["sleep", "4"], dict(os.environ), lease)
     assert (outcome.kind, outcome.status) == ("exited", 0), (outcome, sent, lease.last_error)
     assert len(sent) >= 3 and sent[1] - sent[0] < lease.interval / 2, sent
-
-
-def test_a_step_down_keeps_its_reason_when_a_renewal_gets_through_late() -> None:
-    lease = Lease(lambda: True, 3.0, Lease.now())
-    lease.last_error = "server closed the connection"
-    lease.step_down_reason()  # the command is being stopped
-    assert lease.renew_once()  # ... and then a renewal gets through, before the deadline
-    assert lease.last_error == "server closed the connection"

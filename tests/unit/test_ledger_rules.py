@@ -1,19 +1,37 @@
 """once.ledger's rules that need no database: how a driver's exception is read (a table not
-created yet, a transient failure, a busy server), which module open_ledger loads, and MySQL's
-one transaction helper, against stand-ins for the drivers."""
+created yet, whether a retry may cure it, a busy server), how a tail is cut to fit, which
+module open_ledger loads, and MySQL's one transaction helper, against the drivers' own
+exception classes or stand-ins for them."""
 
 from __future__ import annotations
 
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from once.ledger import open_ledger, parse_url
+from once.ledger.dialects import named
 from once.ledger.mysql import MysqlLedger
-from once.ledger.records import busy_server, schema_missing, transient
+from once.ledger.postgres import timeline_unreadable
+from once.ledger.records import (
+    Failure,
+    busy_server,
+    cut_tail,
+    read_only_server,
+    utf8_size,
+)
+
+
+def failure(dialect: str, exc: BaseException) -> Failure:
+    return named(dialect).failure(exc)
+
+
+def schema_missing(dialect: str, exc: BaseException, columns: bool = True) -> bool:
+    return named(dialect).schema_missing(exc, columns)
 
 
 class PgError(Exception):
@@ -63,10 +81,230 @@ def test_another_dialects_mark_is_not_taken() -> None:
     assert not schema_missing("postgresql", Exception(1146, "no such table"))
 
 
-def test_transient_failures_are_the_connections() -> None:
-    assert transient(OperationalError("lost connection"))
-    assert transient(ConnectionResetError())
-    assert not transient(ValueError("bad value"))
+def _sqlite_locked() -> sqlite3.Error:
+    uri = "file:once-locked?mode=memory&cache=shared"  # shared by two connections, no file
+    holder = sqlite3.connect(uri, uri=True, isolation_level=None)
+    holder.execute("CREATE TABLE t (a)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    other = sqlite3.connect(uri, uri=True, timeout=0)
+    try:
+        other.execute("INSERT INTO t VALUES (2)")
+    except sqlite3.Error as exc:
+        return exc
+    finally:
+        other.close()
+        holder.close()
+    raise AssertionError("the table was not locked")
+
+
+def _sqlite_too_big() -> sqlite3.Error:
+    conn = sqlite3.connect(":memory:")
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1000)
+    try:
+        conn.execute("SELECT ?", ("x" * 2000,))
+    except sqlite3.Error as exc:
+        return exc
+    finally:
+        conn.close()
+    raise AssertionError("the value was taken")
+
+
+def _sqlite_read_only(tmp_path: Path) -> sqlite3.Error:
+    path = tmp_path / "ro.db"
+    sqlite3.connect(path).execute("CREATE TABLE t (a)").connection.close()
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        conn.execute("INSERT INTO t VALUES (1)")
+    except sqlite3.Error as exc:
+        return exc
+    finally:
+        conn.close()
+    raise AssertionError("a read-only database took a write")
+
+
+def _mysql_error(code: int, message: str) -> Exception:
+    """PyMySQL's own exception for a server's error packet."""
+    from pymysql import err
+
+    try:
+        err.raise_mysql_exception(b"\xff" + code.to_bytes(2, "little") + b"#HY000" +
+                                  message.encode())
+    except err.MySQLError as exc:
+        return exc
+    raise AssertionError("no exception")
+
+
+def _pg(sqlstate: str, message: str = "") -> Exception:
+    import psycopg
+
+    return psycopg.errors.lookup(sqlstate)(message)
+
+
+@pytest.mark.parametrize("exc, expected", [
+    # the connection failed: worth the same statement on a fresh one
+    (lambda: _pg_lost(), "unreachable"),
+    (lambda: _pg("08006"), "unreachable"),
+    (lambda: _pg("57P01", "terminating connection due to administrator command"),
+     "unreachable"),  # pg_terminate_backend, a shutdown
+    (lambda: ConnectionResetError(), "unreachable"),
+    # the server said "not now"
+    (lambda: _pg("40P01"), "transient"),  # deadlock
+    (lambda: _pg("55P03"), "transient"),  # lock_timeout
+    (lambda: _pg("53300"), "transient"),  # too many connections
+    (lambda: _pg("25006"), "transient"),  # a standby: a failover under way
+    # too slow, too large: a smaller statement may pass
+    (lambda: _pg("57014", "canceling statement due to statement timeout"), "slow"),
+    (lambda: _pg("54000"), "unfit"),
+    (lambda: _encode_error(), "unfit"),  # psycopg, in a LATIN1 database's encoding
+    (lambda: _pg("22P05", 'character with byte sequence 0xef 0xbf 0xbd in encoding "UTF8" '
+                          'has no equivalent in encoding "LATIN1"'), "unfit"),
+    # refused for good
+    (lambda: _pg("42501"), "permanent"),  # permission denied
+    (lambda: _pg("P0001", "raised by a trigger"), "permanent"),
+    (lambda: _pg("23505"), "permanent"),
+    (lambda: _pg_fatal('FATAL:  password authentication failed for user "once"'), "permanent"),
+    (lambda: _pg_fatal('FATAL:  database "ops" does not exist'), "permanent"),
+    (lambda: _pg_fatal("FATAL:  sorry, too many clients already"), "unreachable"),
+])
+def test_postgresql_failures_are_read_by_sqlstate(exc: Any, expected: str) -> None:
+    assert failure("postgresql", exc()) == expected
+
+
+def _encode_error() -> Exception:
+    try:
+        "\ufffd".encode("latin-1")
+    except UnicodeEncodeError as exc:
+        return exc
+    raise AssertionError("encoded")
+
+
+def _pg_lost() -> Exception:
+    import psycopg
+
+    return psycopg.OperationalError("consuming input failed: server closed the connection "
+                                    "unexpectedly")
+
+
+def _pg_fatal(message: str) -> Exception:
+    import psycopg
+
+    return psycopg.OperationalError(f"connection failed: connection to server at "
+                                    f"\"127.0.0.1\", port 5432 failed: {message}")
+
+
+@pytest.mark.parametrize("code, expected", [
+    (2013, "unreachable"), (2006, "unreachable"), (2003, "unreachable"), (1927, "unreachable"),
+    (1040, "transient"), (1205, "transient"), (1213, "transient"), (1290, "transient"),
+    (1153, "unfit"), (1406, "unfit"), (1366, "unfit"),
+    (1969, "slow"),
+    (1045, "permanent"), (1049, "permanent"), (1142, "permanent"), (1644, "permanent"),
+    (1064, "permanent"),
+])
+def test_mysql_failures_are_read_by_error_number(code: int, expected: str) -> None:
+    # PyMySQL raises 1153 (max_allowed_packet) and 1644 (a trigger's SIGNAL) as
+    # OperationalError, the class that used to mean "the connection failed".
+    assert failure("mysql", _mysql_error(code, "the server's words")) == expected
+
+
+def test_pymysqls_closed_connection_is_unreachable() -> None:
+    from pymysql import err
+
+    assert failure("mysql", err.InterfaceError(0, "")) == "unreachable"
+
+
+def test_sqlite_failures_are_read_by_result_code(tmp_path: Path) -> None:
+    assert failure("sqlite", _sqlite_locked()) == "transient"
+    assert failure("sqlite", _sqlite_too_big()) == "unfit"
+    assert failure("sqlite", _sqlite_read_only(tmp_path)) == "permanent"
+    assert failure("sqlite", _sqlite_error("SELEKT 1")) == "permanent"  # an OperationalError
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "mysql", "sqlite"])
+def test_what_no_rule_knows_is_permanent(dialect: str) -> None:
+    assert failure(dialect, ValueError("bad value")) == "permanent"
+
+
+# -- cutting a tail --------------------------------------------------------------------------
+
+
+def test_a_tail_that_fits_is_kept_whole() -> None:
+    assert cut_tail("é" * 10, 20, "why") == "é" * 10
+
+
+@pytest.mark.parametrize("budget", [120, 121, 122, 123, 200, 1000])
+def test_a_cut_tail_keeps_its_end_at_a_character_and_says_so(budget: int) -> None:
+    output = "start " + "aé€😀" * 100 + " the end"
+    cut = cut_tail(output, budget, "the server takes less")
+    note, _, kept = cut.partition("\n")
+    assert utf8_size(cut) <= budget
+    assert output.endswith(kept) and kept.endswith(" the end")
+    assert note == (f"[once: {utf8_size(output) - utf8_size(kept)} bytes cut from the start "
+                    "of this tail: the server takes less]")
+    # Nothing cut that would have fitted: one more character does not.
+    more = output[len(output) - len(kept) - 1:]
+    assert utf8_size(note) + 1 + utf8_size(more) > budget
+
+
+def test_a_budget_that_holds_only_the_note_keeps_the_note() -> None:
+    assert cut_tail("x" * 100, 0, "refused") == "[once: 100 bytes cut from the start of this " \
+                                               "tail: refused]\n"
+
+
+def test_mysql_counts_a_tail_as_pymysql_escapes_it() -> None:
+    import pymysql
+
+    from once.ledger.mysql import _escaped_size
+
+    value = "q'uo\"te \\ cr\r nul\0 z\x1a nl\n é€😀 \ufffd"
+    assert _escaped_size(value) == len(pymysql.converters.escape_string(value).encode())
+
+
+class PgMessage(PgError):
+    def __init__(self, sqlstate: str, message: str) -> None:
+        super().__init__(sqlstate)
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@pytest.mark.parametrize("exc", [
+    PgError("25006"),  # cannot execute INSERT in a read-only transaction
+    PgMessage("25006", "cannot execute SELECT FOR SHARE in a read-only transaction"),
+    PgMessage("55000", "recovery is in progress"),  # pg_current_wal_lsn() on a standby
+])
+def test_a_standby_refusing_writes_is_worth_waiting_for(exc: BaseException) -> None:
+    # A failover promotes it within seconds: renewals and final writes retry it.
+    assert read_only_server(exc)
+    assert failure("postgresql", exc) == "transient"
+
+
+@pytest.mark.parametrize("exc", [PgError("23505"), PgError("42501"),
+                                 PgMessage("55000", "wal_level must be set to 'logical'")])
+def test_other_refusals_are_not_a_standbys(exc: BaseException) -> None:
+    assert not read_only_server(exc)
+    assert failure("postgresql", exc) == "permanent"
+
+
+@pytest.mark.parametrize("exc, unreadable", [
+    (PgMessage("42883", "function pg_current_wal_lsn() does not exist"), True),  # CockroachDB
+    (PgMessage("0A000", "Function pg_current_wal_lsn() is currently not supported for "
+                        "Aurora"), True),
+    (PgMessage("55000", "wal_level must be set to 'logical'"), True),  # Aurora
+    (PgMessage("42501", "permission denied for function pg_current_wal_lsn"), True),
+    (PgMessage("22P02", "invalid hexadecimal digit"), True),
+    (PgMessage("55000", "recovery is in progress"), False),  # a standby: said as one
+    (PgMessage("25006", "cannot execute INSERT in a read-only transaction"), False),
+    (PgError("42P01"), False),  # no table yet: created, then the same claim again
+    (PgError("42703"), False),
+    (PgError("08006"), False),  # the connection
+    (PgError("40001"), False),
+    (OperationalError("server closed the connection unexpectedly"), False),
+])
+def test_a_claim_does_without_the_timeline_only_where_the_server_cannot_read_it(
+        exc: BaseException, unreadable: bool) -> None:
+    assert timeline_unreadable(exc) is unreadable
 
 
 def test_a_busy_server_is_worth_waiting_for() -> None:
@@ -87,7 +325,9 @@ def test_open_ledger_loads_only_the_urls_dialect() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out[0] == "SqliteLedger"
-    assert set(out[1:]) == {"once.ledger.base", "once.ledger.catchup", "once.ledger.records",
+    # The registry of dialects and their error rules are the stdlib's alone: no driver.
+    assert set(out[1:]) == {"once.ledger.base", "once.ledger.gap_rows", "once.ledger.records",
+                            "once.ledger.dialects", "once.ledger.errors",
                             "once.ledger.sqlite", "once.ledger.url"}
 
 

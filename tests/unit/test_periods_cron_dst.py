@@ -193,6 +193,7 @@ def offset_changes(zone: str, first: int, last: int) -> list[datetime]:
     return found
 
 
+@pytest.mark.slow  # 150 zone and expression pairs against the reference: 15-45 s
 @settings(max_examples=150, deadline=None)
 @given(st.sampled_from(SUBHOUR), st.sampled_from(EXPRESSIONS), st.data())
 def test_cron_periods_tile_and_match_the_reference(zone: str, expr: str,

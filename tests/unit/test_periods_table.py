@@ -547,6 +547,34 @@ def test_every_accepts_dividing_units(spec: str, unit_minutes: int) -> None:
     assert (schedule.kind, schedule.spec, schedule.tz_name) == ("every", spec, "UTC")
 
 
+def test_every_specs_lists_exactly_what_every_takes() -> None:
+    # Every spelling of a count of minutes or hours up to 1500, accepted or refused, against
+    # the list the completion and the drawing tests iterate over.
+    listed = set(periods.every_specs(every_spelling=True))
+    for spec in [f"{n}{unit}" for n in range(1500) for unit in "mh"] + UNKNOWN_SPECS:
+        try:
+            periods.every(spec, "UTC")
+        except SpecError:
+            assert spec not in listed, spec
+        else:
+            assert spec in listed, spec
+    for spec in listed:
+        periods.every(spec, "UTC")
+    assert set(periods.every_specs()) == listed - {"1m", "60m", "1h", "24h"}
+
+
+def test_a_schedule_says_what_its_periods_span() -> None:
+    # What the reports draw and count by, instead of parsing the spec again.
+    for spec, minutes in DIVIDING_UNITS:
+        schedule = periods.every(spec, "UTC")
+        assert (schedule.minutes, schedule.calendar) == (minutes, ""), spec
+    for spec in ("day", "week", "month", "quarter", "year"):
+        schedule = periods.every(spec, "UTC")
+        assert (schedule.minutes, schedule.calendar) == (0, spec), spec
+    cron = periods.cron("0 2 * * *", "UTC")
+    assert (cron.minutes, cron.calendar) == (0, "")
+
+
 @pytest.mark.parametrize(("expr", "message"), BAD_CRON)
 def test_cron_rejects(expr: str, message: str) -> None:
     with pytest.raises(SpecError) as caught:
@@ -631,3 +659,17 @@ def test_every_schedules_do_not_import_cronsim() -> None:
         "assert 'cronsim' not in sys.modules, 'cronsim was imported'\n"
     )
     in_child(script)
+
+
+@pytest.mark.parametrize("spec", ["day", "week", "month", "quarter", "year"])
+def test_the_last_and_first_calendar_periods_past_the_range_overflow(spec: str) -> None:
+    """A period that would end past 9999 or start before year 1 is OverflowError (the CLI's
+    `out of range` line, exit 2), for every calendar unit alike: months, quarters and years
+    once raised date()'s ValueError, a traceback (make torture: `once periods --every quarter
+    --from 9999-12-31`)."""
+    schedule = periods.every(spec, "UTC")
+    with pytest.raises(OverflowError):
+        schedule.containing(datetime(9999, 12, 31, 12, tzinfo=UTC))
+    first = schedule.containing(datetime(1, 1, 1, 12, tzinfo=UTC))
+    with pytest.raises(OverflowError):
+        schedule.previous(first)

@@ -56,6 +56,17 @@ def test_failed_rows_count_when_due_or_out_of_attempts() -> None:
     ]
 
 
+def test_interrupted_attempts_are_not_counted_against_max_attempts() -> None:
+    s = day_job()  # --max-attempts 3: at most 9 attempts in all
+    s.open_rows = [row("2026-11-28", "failed", attempt=3, exit_code=1, interrupted=2),
+                   row("2026-11-29", "failed", attempt=9, exit_code=143, interrupted=8)]
+    assert _lines(findings([s])) == [
+        "CRITICAL nightly 2026-11-28 failed (attempt 3 of 3, 2 interrupted, exit 1)",
+        "CRITICAL nightly 2026-11-29 failed-out (attempt 9 of 3, 8 interrupted, exit 143, "
+        "no attempts left)",
+    ]
+
+
 def test_stale_attempts_warn_before_they_are_due() -> None:
     s = day_job()
     s.open_rows = [row("2026-11-30", "running", attempt=2, beat_ago=600, owner="db1:7"),

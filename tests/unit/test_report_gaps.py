@@ -88,9 +88,9 @@ def seed_ledger(url: str, sched: object, shards: int, first: Period,
     old = datetime(2000, 1, 1, tzinfo=UTC)  # every heartbeat is stale
     with eng.begin() as conn:
         conn.execute(schema.jobs.insert().values(
-            job="j", fence=1, fires=1, kind=sched.kind, schedule=sched.spec,  # type: ignore[attr-defined]
+            job="j", fence=1, fire_count=1, kind=sched.kind, schedule=sched.spec,  # type: ignore[attr-defined]
             tz=sched.tz_name, lag=0, max_attempts=9, stale_after=300.0,  # type: ignore[attr-defined]
-            first_period_start=first.start.astimezone(UTC), created_at=old, last_fire_at=old,
+            first_period_start=first.start.astimezone(UTC), created_at=old, last_fired_at=old,
             shards=shards))
         if rows:
             conn.execute(schema.runs.insert(), [

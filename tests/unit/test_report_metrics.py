@@ -24,12 +24,13 @@ def test_no_job_gives_help_and_type_of_every_metric_and_nothing_else() -> None:
 def test_a_jobs_samples() -> None:
     s = day_job(fires=9)
     s.last_done = row("2026-11-30", "done", took=12.25)
-    s.open_rows = [row("2026-11-29", "failed", attempt=3, exit_code=1),
+    s.open_rows = [row("2026-11-27", "failed", attempt=3, exit_code=143, interrupted=2),
+                   row("2026-11-29", "failed", attempt=3, exit_code=1),
                    row("2026-11-28", "running", beat_ago=900),
                    row("2026-12-01", "running")]
     s.no_row = 2
     counts = {"nightly": AttemptCounts({"done": 4, "failed": 2, "running": 1}, later=2,
-                                       reruns=1)}
+                                       reruns=1, interrupted=2)}
     job = 'once_job="nightly"'
     assert _samples(exposition([s], counts)) == [
         f'once_job_info{{{job},kind="every",schedule="day",tz="UTC"}} 1',
@@ -43,11 +44,14 @@ def test_a_jobs_samples() -> None:
         f"once_skips_total{{{job}}} 2",  # 9 claims, 7 attempts
         f"once_takeovers_total{{{job}}} 2",
         f"once_reruns_total{{{job}}} 1",
+        f"once_interrupted_total{{{job}}} 2",
         f"once_missing_periods{{{job}}} 3",  # two without a row, one stale and due
-        f"once_failed_periods{{{job}}} 1",
-        f"once_failed_out_periods{{{job}}} 1",
+        f"once_failed_periods{{{job}}} 2",
+        f"once_failed_out_periods{{{job}}} 1",  # two of 11-27's three attempts interrupted
         f"once_running_attempts{{{job}}} 1",
         f"once_stale_attempts{{{job}}} 1",
+        f"once_overrun_attempts{{{job}}} 0",  # the live one's period is not due
+        f"once_oldest_running_seconds{{{job}}} 215940",  # the stale one, since 11-29 00:01
     ]
 
 

@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from report_states import NOW, SCHED, day_job, row
 
+from once.periods import schedule
 from once.report import attempt_entry, last_line
 from once.report.model import default_last, period_state
 
@@ -57,12 +58,15 @@ def test_a_sharded_period_is_as_bad_as_its_worst_shard() -> None:
 
 
 @pytest.mark.parametrize(("kind", "spec", "last"), [
-    ("every", "day", 91), ("every", "minute", 180), ("every", "year", 10),
-    ("every", "15m", 24), ("every", "2h", 84), ("every", "5h", 33), ("cron", "0 6 * * *", 60),
+    ("every", "day", 91), ("every", "minute", 180), ("every", "1m", 180), ("every", "year", 10),
+    ("every", "month", 24), ("every", "15m", 24), ("every", "2h", 84), ("every", "6h", 28),
+    ("every", "60m", 168), ("every", "24h", 7), ("cron", "0 6 * * *", 60),
 ])
 def test_default_last(kind: str, spec: str, last: int) -> None:
+    # By the schedule's unit, as the period engine gives it (a spec is not parsed again).
     s = day_job()
-    s.kind, s.spec = kind, spec
+    s.kind, s.schedule = kind, spec
+    s.sched = schedule(spec if kind == "every" else None, spec if kind == "cron" else None, "UTC")
     assert default_last(s) == last
 
 

@@ -7,7 +7,7 @@ import pytest
 from report_states import NOW, day_job, row
 
 from once.report import plain_table, status_cells, status_object, status_word
-from once.report.render import age, history_cells, took
+from once.report.render import age, history_cells, short_key, took
 
 
 @pytest.mark.parametrize(("seconds", "text"), [
@@ -43,26 +43,69 @@ def test_status_cells_of_a_job_with_every_kind_of_trouble() -> None:
         ("2026-12-01 vm:42 #1, beat 5s ago (+1)", "bold yellow"),  # one of them is stale
         ("2 (1 out)", "bold red"),
         ("3 from 2026-11-21", "bold red"),  # two without a row, one stale due attempt
+        ("2026-12-01 running", "cyan"),  # today's period: its attempt is live
         ("2026-12-02 in 12h", ""),
     ]
     assert age(finished) == "2d 11h"
+    compact = status_cells(s, NOW, compact=True)
+    assert [text for text, _ in compact] == [
+        "nightly", "day", "UTC", "11-28", "2d11h ago", "12.5s",
+        "12-01 vm:42 #1, beat 5s ago (+1)", "2 (1 out)", "3 from 11-21", "running",
+        "12-02 in 12h"]
 
 
 def test_status_cells_of_a_quiet_job_and_of_an_unreadable_one() -> None:
     quiet = status_cells(day_job(), NOW)
     assert quiet[3:] == [("never", "yellow"), ("-", ""), ("-", ""), ("-", ""), ("0", ""),
-                         ("0", ""), ("2026-12-02 in 12h", "")]
+                         ("0", ""), ("2026-12-01 not run", ""), ("2026-12-02 in 12h", "")]
     broken = day_job()
     broken.sched, broken.error = None, "unknown time zone 'Mars/Olympus'"
     cells = status_cells(broken, NOW)
     assert cells[3] == ("cannot read the schedule: unknown time zone 'Mars/Olympus'", "red")
-    assert len(cells) == 10 and cells[4:] == [("", "")] * 6
+    assert len(cells) == 11 and cells[4:] == [("", "")] * 7
 
 
 def test_a_cron_gap_counted_only_in_part_says_so() -> None:
     s = day_job()
     s.no_row, s.no_row_at_least = 100_000, True
     assert status_cells(s, NOW)[8] == ("100000+", "bold red")
+
+
+@pytest.mark.parametrize(("key", "text"), [
+    ("2026-12-01T22:00+00:00", "22:00"),  # today: the time of day alone
+    ("2026-11-29T01:00-05:00", "11-29 01:00"),  # this year
+    ("2025-12-31T23:30+10:30", "2025-12-31 23:30"),
+    ("2026-11-28", "11-28"), ("2025-11-28", "2025-11-28"), ("2026-12-01", "12-01"),
+    ("2026-12-01T06:00+00:00#3", "06:00#3"), ("2026-W49", "2026-W49"), ("2026-Q4", "2026-Q4"),
+    ("2026-12", "2026-12"), ("(state)", "(state)"),
+])
+def test_short_keys_drop_what_the_date_now_says(key: str, text: str) -> None:
+    assert short_key(key, NOW.date()) == text
+
+
+@pytest.mark.parametrize(("rows", "done", "state"), [
+    ([], 0, "not-run"), ([], 1, "done"), ([("running", 5)], 0, "running"),
+    ([("running", 900)], 0, "stale"), ([("failed", 0)], 0, "failed"),
+])
+def test_the_current_periods_state(rows: list[tuple[str, float]], done: int,
+                                   state: str) -> None:
+    s = day_job()
+    s.open_rows = [row("2026-11-30", "failed")]  # another period's row changes nothing
+    s.open_rows += [row("2026-12-01", status, beat_ago=beat) for status, beat in rows]
+    s.current_done = done
+    assert s.current_state == state
+    assert status_object(s)["current_state"] == state
+
+
+def test_a_sharded_current_period_is_done_when_every_shard_is() -> None:
+    s = day_job(shards=3)
+    s.current_done = 2
+    assert s.current_state == "not-run"
+    assert status_cells(s, NOW)[9] == ("2026-12-01 2/3 done", "")
+    s.open_rows = [row("2026-12-01#2", "running")]
+    assert s.current_state == "running"
+    s.open_rows, s.current_done = [], 3
+    assert s.current_state == "done"
 
 
 def test_plain_table_aligns_columns_and_escapes_controls() -> None:

@@ -10,9 +10,9 @@ from typing import get_args
 import pytest
 
 from once import outcomes, stored
-from once.child import StateFile
 from once.deadlines import statement_timeout
 from once.limits import STATE_LIMIT, InputError, state, state_problem
+from once.run.child import StateFile
 
 
 @pytest.mark.parametrize("kind, succeeded, interrupted, bad_state, status, history, result", [
@@ -38,7 +38,8 @@ def test_one_mapping_from_the_runner_to_the_ledger_and_the_history(
 def test_every_word_belongs_to_its_vocabulary() -> None:
     assert set(outcomes.SKIPS) == set(get_args(outcomes.Skip))
     assert set(get_args(outcomes.Result)) >= outcomes.OK | outcomes.UNCLAIMED
-    assert {outcomes.skip(s) for s in ("done", "failed", "running")} == set(outcomes.SKIPS)
+    assert {outcomes.skip(s) for s in ("done", "failed", "running", "overlap")} == set(
+        outcomes.SKIPS)
     assert set(get_args(outcomes.Status)) <= set(get_args(outcomes.History))
 
 
@@ -98,8 +99,8 @@ def test_a_statement_takes_a_third_of_stale_after_from_one_to_ten_seconds(
 
 
 def test_the_job_a_claim_works_on_is_checked_once_for_the_cli_and_the_api() -> None:
-    from once.core import claiming_job
     from once.periods import schedule
+    from once.run.flow import claiming_job
 
     day = schedule("day", None, "UTC")
     job = claiming_job("j" * 54, "n" * 200, day, 0, 3, 300, shards=2)  # 255: the column's

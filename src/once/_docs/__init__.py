@@ -3,7 +3,7 @@
     python -m once._docs man > man/once.1              (make man)
     python -m once._docs completions completions/      (make completions)
 
-Everything about a command comes from `once.cli.cli`: its usage, its help text and, for each
+Everything about a command comes from `once.cli.main.cli`: its usage, its help text and, for each
 option, its names, metavar, help, default and environment variable (explicit, or click's
 ONCE_<COMMAND>_<NAME>), so the page cannot disagree with `--help`. The prose around it (the
 description, environment, exit status, files and examples) is data. tests/unit/test_docs.py

@@ -1,6 +1,6 @@
 """What click knows of `once`, as roff: the commands in the page's order, each option's names,
 metavar, default, range, choices and environment variables, an option's .TP entry and a
-command's synopsis. Everything comes from `once.cli.cli`, so the page cannot disagree with
+command's synopsis. Everything comes from `once.cli.main.cli`, so the page cannot disagree with
 `--help`.
 
 Imports click, the roff engine (once._docs.roff) and, when asked for the group, once.cli.
@@ -41,7 +41,7 @@ ONE_OF = (("every", "cron"),)
 
 def load_cli() -> click.Group:
     """The `once` group with every command on it (cli.py alone registers only `run`)."""
-    from once.cli import cli, load_commands
+    from once.cli.main import cli, load_commands
 
     load_commands()  # all of them, not only `run`
     return cli

@@ -38,12 +38,16 @@ Each period has a key, stored in the ledger and given to the command as `ONCE_PE
 (day), and for hours, minutes and cron slots the local start with its UTC offset, such as
 `2026-11-01T01:00-04:00` and, an hour later as the clocks fall back, `2026-11-01T01:00-05:00`.
 
-The ledger is a SQLite file by default; machines that share a job share a PostgreSQL, MySQL
-or MariaDB database (`--db`). Its tables are created on first use. A claim inserts the row
-(job, period) into `once_runs`, or takes over a row that has failed while attempts remain
-(`--max-attempts`), or one that is running with a heartbeat older than `--stale-after` by the
-database's clock. While the command runs, `once` renews the heartbeat at least every third
-of `--stale-after`; if `once` dies, the command and everything it started are killed at once.
+The ledger is a SQLite file by default (not in a container: see FILES); machines that share
+a job share a PostgreSQL, MySQL or MariaDB database (`--db`). Its tables are created on first
+use. A claim inserts the row (job, period) into `once_runs`, or takes over a row that has
+failed while attempts remain (`--max-attempts`, which does not count an attempt ended by a
+SIGTERM, SIGINT or SIGHUP that `once` forwarded), or one that is running with a heartbeat
+older than `--stale-after` by the database's clock; a period gets at most 3 times
+`--max-attempts` attempts of any cause, interruptions included, after which a failed row is
+not retried and a stale one is recorded failed instead. While the command runs, `once` renews the
+heartbeat at least every third of `--stale-after`; if `once` dies, the command and everything
+it started are killed at once.
 Every claim gets a fencing token (`ONCE_FENCE`) that grows with each claim of the job, which
 the command may use to guard its own writes against an owner that lost its claim.
 
@@ -59,7 +63,14 @@ loud; `once logs` prints what an attempt said, the tail of its output kept in th
 The table `once_runs` is public, for monitoring to read: `job` and `period` (the primary key),
 `status` (`running`, `done` or `failed`), `attempt` (from 1), `fence`, `owner` (host name and
 process id, or `ONCE_OWNER`), `period_start` and `period_end`, `started_at`, `heartbeat_at` and
-`finished_at` (UTC, by the database's clock) and `exit_code`.
+`finished_at` (UTC, by the database's clock), `exit_code`, `stale_after` (the owner's promise,
+in seconds) and `claim_id` (the owning claim's identity, which its renewals and final write
+match on).
+
+The ledger holds a schema version. A newer `once` upgrades an older ledger in place on first
+use; a `once` older than the ledger is refused at every claim, every report, `once prune`
+and `once state --set` (exit 75), while an attempt it claimed before the upgrade keeps its
+claim to the end.
 """
 
 OPTIONS_INTRO = """\
@@ -80,20 +91,27 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
                 "Skipped: the period is done, a live attempt holds it, or its attempts are used "
                 "up (the last also warns on stderr). `--skipped-exit-code` changes this status.",
             ),
-            ("2", "Usage: a bad option, period spec, zone, duration or URL, or a value the "
-                  "ledger cannot hold (see LIMITS); nothing was sent to the ledger."),
+            ("2", "Usage: a bad option, period spec, zone, duration or URL, a value the "
+                  "ledger cannot hold (see LIMITS), or no ledger named in a container (FILES); "
+                  "nothing was sent to the ledger."),
             (
                 "70",
                 "Fenced out: `once` could no longer prove it held the claim while the command "
-                "ran (another attempt took it over, the ledger stayed unreachable past the "
-                "owner's deadline, or the final write matched no row). The command was stopped "
-                "and `once_runs` was not written.",
+                "ran (another attempt took it over, a failover lost the claim, the ledger "
+                "stayed unreachable past the owner's deadline, or the final write matched no "
+                "row). The command was stopped and `once_runs` was not written.",
             ),
             (
                 "75",
                 "The ledger could not be reached, or answered with an error, before the claim "
-                "was decided: nothing was run. Also when the command finished but its result "
-                "could not be written; the row is then left to go stale.",
+                "was decided (a ledger whose schema is newer than this once's among them, a "
+                "PostgreSQL standby, and a claim that no synchronous standby confirmed in "
+                "time, which is then released): nothing was run. Also when the command "
+                "finished but its result could not be written: the ledger stayed unreachable "
+                "(or kept failing the write) until the final write's bound, or refused it "
+                "with an error no retry cures, at once; the `once:` line says which. The row "
+                "is then left to go stale, and the period is run again, at most 3 times "
+                "`--max-attempts` attempts in all.",
             ),
             ("124", "`--timeout` ended the command."),
         ),
@@ -121,13 +139,15 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
                 "A due period is missing or failed, or a period has failed with no attempts "
                 "left, or a <JOB> named has never run. A period <P> of a job with lag <L> is "
                 "due once the end of period <P>+<L> plus `--grace` has passed; a due period "
-                "held by a live attempt is neither missing nor failed.",
+                "still held by a live attempt is overrun (a hung or slow run).",
             ),
             (
                 "3",
                 "UNKNOWN: no job has run in the ledger at all, most often because it is not "
                 "the ledger the jobs use (`ONCE_DATABASE_URL` set in a shell but not in the "
-                "crontab). The line names the ledger read.",
+                "crontab); or the ledger read is a PostgreSQL standby further behind its "
+                "primary than `--grace` (at least a second), or by a time it cannot tell. "
+                "The line names the ledger read.",
             ),
         ),
     ),
@@ -171,8 +191,12 @@ ENV_NOTES = {
     "ONCE_DATABASE_URL": "The ledger's URL, as `--db`: `sqlite:///`<PATH> (a relative path; "
     "`sqlite:////`<PATH> for an absolute one), `postgresql://`... (driven "
     "by psycopg 3, with or without `+psycopg`), `mysql://`... or "
-    "`mariadb://`... (driven by PyMySQL). Default: the SQLite file under "
-    "`XDG_STATE_HOME`, see FILES.",
+    "`mariadb://`... (driven by PyMySQL). A server URL may name several hosts, "
+    "`postgresql://`<USER>`@`<H1>`:5432,`<H2>`:5432/`<DB> or "
+    "`mysql://`<USER>`@`<H1>`,`<H2>`/`<DB>, "
+    "tried in order: the first that accepts the connection is used, and when none does the "
+    "error names each. Default: the SQLite file under `XDG_STATE_HOME`, see FILES; none in a "
+    "container or a Kubernetes pod.",
     "ONCE_DB_PASSWORD_FILE": "A file holding the ledger's password, as `--db-password-file`; "
     "it keeps the password out of crontabs and process lists.",
     "ONCE_TZ": "The IANA time zone the periods follow, as `--tz`. Default: `UTC`.",
@@ -193,6 +217,11 @@ ENV_FIXED = (
         "characters, else a usage error. Default: the host name and process id.",
     ),
     (
+        "KUBERNETES_SERVICE_HOST",
+        "Set by Kubernetes in every pod. There, as in a container (`/.dockerenv`, "
+        "`/run/.containerenv`), `once` has no default ledger: FILES.",
+    ),
+    (
         "XDG_STATE_HOME",
         "Where the default SQLite ledger lives: "
         "`$XDG_STATE_HOME/once/ledger.db`. Default: `~/.local/state`, which is what "
@@ -204,7 +233,7 @@ ENV_AUTO = """\
 Every other option can also be set from the environment, in a variable named `ONCE_`, the
 command's name, `_` and the option's parameter name, in upper case with `-` as `_`: each
 option's entry above names its variable, for example `ONCE_RUN_STALE_AFTER` for `once run
---stale-after` and `ONCE_CATCHUP_MAX_COUNT` for `once catchup --max`. A flag is set by `1`,
+--stale-after` and `ONCE_CHECK_GRACE` for `once check --grace`. A flag is set by `1`,
 `true`, `yes` or `on` and cleared by `0`, `false`, `no` or `off`. The command line wins over
 the environment.
 """
@@ -218,8 +247,9 @@ CHILD_ENV = (
     (
         "ONCE_FENCE",
         "The fencing token: an integer that grows with every claim or takeover of "
-        "any period of this job. Store it with the job's writes and refuse a write "
-        "that carries a smaller one.",
+        "any period of this job (on PostgreSQL, across a failover too: at least "
+        "(timeline - 1) * 2^32). Store it with the job's writes (a 64-bit integer) and "
+        "refuse a write that carries a smaller one.",
     ),
     ("ONCE_PERIOD_TZ", "The job's time zone (named so that a `once` the command starts does "
                        "not take it for its own `ONCE_TZ`)."),
@@ -254,8 +284,15 @@ FILES = (
         "The default ledger, a SQLite file "
         "(`$XDG_STATE_HOME/once/ledger.db` when `XDG_STATE_HOME` "
         "is set), created with its directory on first use, private to the user (0600, "
-        "the directory 0700). "
-        "`--db` or `ONCE_DATABASE_URL` names another.",
+        "the directory 0700), and said in one line on standard error (not with `-q`). "
+        "`--db` or `ONCE_DATABASE_URL` names another. In a Kubernetes pod "
+        "(`KUBERNETES_SERVICE_HOST` set) or a container (`/.dockerenv` or "
+        "`/run/.containerenv` exists, or PID 1's cgroup names a container runtime) this file "
+        "would be the container's own, and every pod of a CronJob would run the job: there "
+        "every command that opens a ledger (reports and `once serve` too) exits 2 with one "
+        "line naming `ONCE_DATABASE_URL`, running and creating nothing, until `--db`, "
+        "`ONCE_DATABASE_URL` or `ONCE_DATABASE_URL_FILE` names a ledger (a SQLite file on "
+        "a volume, if that is what is meant).",
     ),
 )
 
@@ -291,7 +328,8 @@ Where the command's standard output or error is not a terminal, `once run`, `onc
 and `once rerun` give it a pipe and copy what comes out of it, unchanged and as it comes, to
 where it was going, and keep its last `--output-tail` bytes (default 16KiB, both streams
 together). They are stored with the attempt's result in the ledger, for `once logs` (and the
-last line of a failure for `once history` and `once status --json`), sent as the success and
+last line of a failure for `once history`, `once status --json` and `once serve`; the whole
+of it on `once serve`'s `/logs/NAME` pages), sent as the success and
 failure pings' body (`--ping-body-tail`), and given to hooks in `ONCE_OUTPUT_FILE`. On a
 terminal nothing is captured. Once the command has ended, what its background processes
 still write is copied for a second more; after that they get a broken pipe. A slow reader
@@ -299,7 +337,8 @@ gets every byte the command wrote, while `once` keeps renewing the claim; when `
 stopping the command (a signal, `--timeout`), for `--kill-after` at most.
 
 Privacy: whatever the command prints, secrets included, is readable by everyone who can read
-the ledger (and `once serve`'s `/api/status` shows the last line of each failure), and goes
+the ledger (and whoever can reach `once serve`'s pages: give it a `--token-file` when it
+listens beyond 127.0.0.1), and goes
 to the ping service. `--output-tail 0` stores and sends nothing; `--ping-body-tail 0` keeps
 it out of the pings; `once prune` deletes it with the attempts it deletes.
 """

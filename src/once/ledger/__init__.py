@@ -1,27 +1,38 @@
 """The ledger: every SQL statement once sends, and nothing else holds SQL text.
 
 The hot path (`once run`) imports this package: it and the modules it imports (url, records,
-base, catchup) load no driver and no SQLAlchemy. `open_ledger` imports the one dialect module
+base, gap_rows) load no driver and no SQLAlchemy. `open_ledger` imports the one dialect module
 the URL names (sqlite, postgres or mysql), which loads its driver when it connects.
 
-    url       where the ledger lives: Target, parse_url, redact, default_url
+    url       where the ledger lives: Target, parse_url, redact, default_url, unnamed_url
+    dialects  the backends, one object each (how to connect, SQL fragments, instants, errors,
+              the schema lock, replication): REGISTRY, of(target); errors their error rules
+    connect   how a connection to a server is opened, for every path (the URL's hosts in turn)
     records   what it answers and how it fails: Job, Claim, LedgerError and the error rules
     base      the flow every dialect shares: Ledger (claim, renew, finish, state, reads)
-    catchup   catch-up's reads of done rows (once.gaps.Rows)
+    gap_rows  the gap finder's reads of one job's rows (once.gaps.Rows), catch-up's and the
+              reports'
+    rows      the rows the reports read, one record each (RunRow, JobRow) and their columns
+    fleet     what the survey reads across jobs (`once status`, `check`, `once serve`), in plain
+              SQL on the driver: no SQLAlchemy
     sqlite, postgres, mysql   one dialect each, importing only its own driver
     schema    the tables in SQLAlchemy Core, their DDL and upgrades (never on the hot path)
     prune     `once prune` (SQLAlchemy, never on the hot path)
-    queries   the reads of the reports and `once serve`, by name (SQLAlchemy, never on the
-              hot path), and their one missing-table rule
+    history   the attempts' reads of `once history`, `logs` and `metrics`, by name (SQLAlchemy,
+              never on the hot path)
+    engines   the reports' and `once serve`'s read-only engines and their sessions' first
+              reads (schema version, clock), and their one missing-table rule
 
 Callers import the public names from here (`from once.ledger import Target, open_ledger`);
-schema, prune and queries are imported as modules, where they are needed.
+schema, prune, history and engines are imported as modules, where they are needed.
 """
 
 from __future__ import annotations
 
+from once.ledger import dialects
 from once.ledger.base import Ledger
-from once.ledger.catchup import LedgerRows
+from once.ledger.dialects import UnknownDialect
+from once.ledger.gap_rows import LedgerRows
 from once.ledger.records import (
     Claim,
     ClockSkew,
@@ -30,6 +41,7 @@ from once.ledger.records import (
     LedgerError,
     describe,
     from_db_time,
+    newer_schema,
 )
 from once.ledger.url import (
     Dialect,
@@ -39,12 +51,30 @@ from once.ledger.url import (
     default_url,
     parse_url,
     redact,
+    unnamed_url,
 )
 
 __all__ = [
-    "Claim", "ClockSkew", "CommandDrift", "Dialect", "Job", "Ledger", "LedgerError",
-    "LedgerRows", "Target", "UrlError", "create_private", "default_url", "describe",
-    "from_db_time", "open_ledger", "parse_url", "redact",
+    "Claim",
+    "ClockSkew",
+    "CommandDrift",
+    "Dialect",
+    "Job",
+    "Ledger",
+    "LedgerError",
+    "LedgerRows",
+    "Target",
+    "UnknownDialect",
+    "UrlError",
+    "create_private",
+    "default_url",
+    "describe",
+    "from_db_time",
+    "newer_schema",
+    "open_ledger",
+    "parse_url",
+    "redact",
+    "unnamed_url",
 ]
 
 
@@ -55,14 +85,4 @@ def open_ledger(target: Target, timeout: float = 10.0) -> Ledger:
 
 
 def _ledger_class(target: Target) -> type[Ledger]:
-    if target.dialect == "postgresql":
-        from once.ledger.postgres import PostgresLedger
-
-        return PostgresLedger
-    if target.dialect == "mysql":
-        from once.ledger.mysql import MysqlLedger
-
-        return MysqlLedger
-    from once.ledger.sqlite import SqliteLedger
-
-    return SqliteLedger
+    return dialects.of(target).ledger_class()  # UnknownDialect for a name none speaks

@@ -1,27 +1,14 @@
 """The ledger as `once run` speaks to it: the flow every dialect shares (`Ledger`) and the
-statements that read the same in all of them; the dialect modules (sqlite, postgres, mysql)
-hold the rest of the SQL text.
+statements that read the same in all of them; sqlite, postgres and mysql hold the rest.
 
-The ledger talks to the database through the driver alone (sqlite3, psycopg 3, PyMySQL):
-importing SQLAlchemy costs about 200 ms per cron fire. SQLAlchemy Core owns the tables and
-their DDL (once.ledger.schema); when a statement finds a table or column missing, the ledger
-asks once.ledger.schema to create or upgrade them once and tries again.
+Every decision is fenced: a claim inserts the `(job, period)` row or takes over one whose
+condition it destroys (exactly one of any number of claimers wins); the job's fence counter
+is bumped in the claim's own transaction; a renewal or a finish names its attempt and claim;
+`finish_on` marks the attempt's own once_attempts row, which no heartbeat writes.
+docs/concepts/ledger.md and docs/concepts/liveness.md say the rest.
 
-Every time stored comes from the database's clock, so hosts with skewed clocks agree on
-staleness. Every decision is fenced:
-
-- a claim inserts the `(job, period)` row, or takes over a row that is `failed` with attempts
-  left or `running` with a stale heartbeat; the takeover's WHERE clause holds the very condition
-  the winner destroys, so of any number of concurrent claimers exactly one wins;
-- the job's fence counter in `once_jobs` is bumped in the claim's own transaction, so fences
-  grow strictly per job whatever the period or the machine (and claims of one job serialise on
-  that row, which also keeps MariaDB free of insert deadlocks);
-- a renewal or a finish names the attempt it owns and status `running`; zero rows means the
-  claim was lost.
-
-Imports only the stdlib and the ledger's own url, records and catchup modules: no driver
-(each dialect module imports its own, when it connects) and no SQLAlchemy (once.ledger.schema
-is imported only when the tables must be created).
+Imports the stdlib and the ledger's url, records, dialects and gap_rows alone: no driver (each
+dialect imports its own when it connects) and no SQLAlchemy (once.ledger.schema, only to create).
 """
 
 from __future__ import annotations
@@ -31,25 +18,42 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from once.ledger.catchup import LedgerRows
+from once.deadlines import lease_now
+from once.ledger.dialects import named
+from once.ledger.gap_rows import LedgerRows
 from once.ledger.records import (
+    SCHEMA_VERSION,
     Claim,
     CommandDrift,
     Job,
     LedgerError,
+    attempt_cap,
     busy_server,
-    db_time,
+    cut_tail,
     describe,
     from_db_time,
-    schema_missing,
-    transient,
+    new_claim_id,
+    newer_schema,
 )
 from once.ledger.url import Dialect, Target
 from once.outcomes import Status
 
+if TYPE_CHECKING:
+    from once.ledger.dbapi import Connection, Params, Row
+
 T = TypeVar("T")
+OutputLimit = tuple[int, str]  # at most this many bytes of a tail, and why (cut_tail's words)
+
+
+def schema_gate(integer: str) -> str:
+    """A condition that holds while the ledger's schema is not newer than this once's: every
+    write that starts something (a claim, `once state --set`) carries it in its own statement,
+    so that a ledger a newer once has upgraded refuses us at no extra round trip
+    (docs/how-to/upgrading.md). `integer`: the dialect's name for the cast."""
+    return (f"COALESCE((SELECT CAST(value AS {integer}) FROM once_meta "
+            f"WHERE name = 'schema_version'), 0) <= {SCHEMA_VERSION}")
 
 
 # -- the connection --------------------------------------------------------------------------
@@ -59,16 +63,20 @@ class Ledger:
     """One connection to the ledger and the few statements `once run` sends through it.
 
     Subclasses hold the SQL text per dialect; this class holds the flow. Not thread-safe:
-    the runner's heartbeat thread and the main thread take turns, never overlap.
+    the wrapper's heartbeat thread and the main thread take turns, never overlap.
     """
 
     dialect: ClassVar[Dialect]
     statement_timeout: float = 10.0
+    # When the latest claim's statement was sent, on the lease clock: its lease starts there
+    # (its heartbeat is written after it), not before a first use created the tables.
+    claim_sent: float = 0.0
 
     def __init__(self, target: Target, timeout: float = 10.0) -> None:
         self.target = target
         self.statement_timeout = timeout
-        self._conn: Any = None
+        self._conn: Connection | None = None
+        self.backend = named(self.dialect)  # its connections, instants and error rules
 
     # connection life
 
@@ -117,7 +125,7 @@ class Ledger:
 
     def abandon(self) -> None:
         """Forget the connection without closing it: a statement that got no answer still
-        waits on it on another thread (once.lease.Lease.call), and closing a connection under
+        waits on it on another thread (once.run.lease.Lease.call), and closing a connection under
         a statement can crash the process (SQLite: SIGSEGV). The next statement opens a
         fresh one; the old one goes with the process."""
         self._conn = None
@@ -147,9 +155,11 @@ class Ledger:
         """
         params = {
             "job": job.name, "period": key, "owner": owner, "kind": job.kind,
+            "claim_id": new_claim_id(),
             "schedule": job.schedule, "tz": job.tz, "lag": job.lag,
-            "max_attempts": job.max_attempts, "stale_after": job.stale_after,
-            "shards": job.shards, "period_start": self._time(start),
+            "max_attempts": job.max_attempts, "attempt_cap": attempt_cap(job.max_attempts),
+            "stale_after": job.stale_after, "shards": job.shards,
+            "no_overlap": int(job.no_overlap), "period_start": self._time(start),
             "period_end": self._time(end), "rerun": rerun, "reason": reason,
             "command_hash": command_hash,
             "require_same": bool(require_same_command and command_hash),
@@ -159,32 +169,39 @@ class Ledger:
         def attempt() -> Claim:
             # Our clock is read as late as possible: the statement compares it with its own.
             params["host_now"] = self._time(datetime.now(UTC))
+            self.claim_sent = lease_now()
             return self._claim(params)
 
         return self._with_schema(attempt)
 
-    def renew(self, job: str, key: str, attempt: int) -> bool:
+    def renew(self, job: str, key: str, claim: Claim) -> bool:
         """Refresh the heartbeat of our attempt; False when the row is no longer ours."""
-        params = {"job": job, "period": key, "attempt": attempt}
+        params = _ours(job, key, claim)
         with self._errors("cannot renew the claim in"):
             self.connect()
             return self._renew(params)
 
-    def finish(self, job: str, key: str, attempt: int, status: Status,
+    def finish(self, job: str, key: str, claim: Claim, status: Status,
                exit_code: int | None, outcome: str, state: str | None = None,
-               state_version: int = 0, output: str | None = None) -> bool:
+               state_version: int = 0, output: str | None = None,
+               output_limit: OutputLimit | None = None) -> bool:
         """Record done or failed for our attempt; False when the row is no longer ours.
 
         `outcome` (done, failed, timed-out, exec-failed, interrupted) and `output` (the tail
-        of the command's output) go to the history only.
+        of the command's output) go to the history (an interrupted one is also counted in the
+        row, against the attempt cap but not --max-attempts); the tail is cut to what the server
+        takes (records.cut_tail), and to `output_limit` (bytes, and why) when given.
         With `state` (only for done), the job's watermark is set in the same atomic write,
         and only if it is still at `state_version` (else nothing is written: False).
         """
-        params = {"job": job, "period": key, "attempt": attempt, "status": status,
-                  "exit_code": exit_code, "outcome": outcome, "state": state,
-                  "state_version": state_version, "output": output}
+        # An interrupted attempt (a forwarded signal) is counted in once_runs.interrupted, so
+        # that the retry rule does not count it against --max-attempts.
+        params = {**_ours(job, key, claim), "status": status, "exit_code": exit_code,
+                  "outcome": outcome, "state": state, "state_version": state_version,
+                  "output": output, "interrupted": int(outcome == "interrupted")}
         with self._errors("cannot record the result in"):
             self.connect()
+            self._fit_output(self.OUTPUT_STATEMENT, params, output_limit)
             if state is not None and status == "done":
                 written = self._finish_with_state(params)
             else:
@@ -205,39 +222,96 @@ class Ledger:
     KEEP_OUTPUT = """
         UPDATE once_attempts SET output = %(output)s
         WHERE job = %(job)s AND period = %(period)s AND attempt = %(attempt)s
-          AND output IS NULL"""
+          AND claim_id = %(claim_id)s AND output IS NULL"""
 
-    def keep_output(self, job: str, key: str, attempt: int, output: str) -> None:
+    def keep_output(self, job: str, key: str, claim: Claim, output: str) -> None:
         """Store the output of our attempt after it was fenced out."""
-        params = {"job": job, "period": key, "attempt": attempt, "output": output}
+        params = {**_ours(job, key, claim), "output": output}
         with self._errors("cannot store the output in"):
             self.connect()
+            self._fit_output(self.KEEP_OUTPUT, params)
             self._write(self.KEEP_OUTPUT, params)
 
-    def _write(self, sql: str, params: dict[str, Any]) -> None:
+    # The statement of a finish that carries the tail (MySQL: its own; the others: one).
+    OUTPUT_STATEMENT: ClassVar[str] = ""
+
+    def _fit_output(self, sql: str, params: Params,
+                    limit: OutputLimit | None = None) -> None:
+        """Cut params["output"] to `limit` (bytes, and why), and to what the server takes in
+        `sql` with these params; one cut, whichever is tighter, from the tail as it came."""
+        output = params["output"]
+        if not output:
+            return
+        fitted = output if limit is None else cut_tail(output, *limit)
+        room = self._output_room(sql, params)
+        if room is not None and room[2](fitted) > room[0]:
+            fitted = cut_tail(output, *room)
+            if room[2](fitted) > room[0]:
+                fitted = ""  # not even the note fits (a packet of a few hundred bytes)
+        params["output"] = fitted
+
+    def _output_room(self, sql: str,
+                     params: Params) -> tuple[int, str, Callable[[str], int]] | None:
+        """What the server takes of the tail in `sql`: (bytes, why, how a text's bytes are
+        counted). None: no limit the tail can reach (PostgreSQL's values end at 1 GB,
+        SQLite's at 1 GB by default); a refusal still cuts it (once.run.attempt)."""
+        return None
+
+    def _write(self, sql: str, params: Params) -> None:
         """One statement that changes rows, committed."""
         raise NotImplementedError
 
     FINISHED_BY = """
         SELECT status FROM once_runs
         WHERE job = %(job)s AND period = %(period)s AND attempt = %(attempt)s
-          AND status IN ('done', 'failed')"""
+          AND claim_id = %(claim_id)s AND status IN ('done', 'failed')"""
 
-    def _finished_by(self, params: dict[str, Any]) -> str | None:
+    STORED_VERSION = "SELECT value FROM once_meta WHERE name = 'schema_version'"
+
+    @staticmethod
+    def refuse_newer(row: Row | None) -> None:
+        """Raise the newer-schema refusal if the STORED_VERSION row says so: read only when a
+        gated statement wrote nothing (the gate itself costs no round trip)."""
+        version = int(row[0]) if row and row[0] is not None else 0
+        if version > SCHEMA_VERSION:
+            raise newer_schema(version)
+
+    def _finished_by(self, params: Params) -> str | None:
         """The status our attempt left in the row, if it finished it (None: not ours)."""
         rows = self._fetch(self.FINISHED_BY, params)
         return str(rows[0][0]) if rows else None
 
-    def finish_on(self, connection: Any, job: str, key: str, attempt: int) -> bool:
+    # connection: Any, the caller's own, of its driver's class (each dialect's names it).
+    def finish_on(self, connection: Any, job: str, key: str, claim: Claim) -> bool:
         """Mark our attempt done on the caller's own connection, inside its open transaction
-        (psycopg 3, sqlite3 or PyMySQL), so that the work and the marker commit together.
-        Nothing is committed here; False when the row is no longer ours."""
-        params = {"job": job, "period": key, "attempt": attempt, "status": "done",
-                  "exit_code": 0, "outcome": "done", "state": None, "state_version": 0,
-                  "output": None}
-        return self._finish_on(connection, params)
+        (psycopg 3, sqlite3 or PyMySQL), so that the work and the marker commit together: in
+        our once_attempts row, which no renewal writes. Nothing is committed here; False when
+        another attempt took the period over (it marked our row)."""
+        return self._finish_on(connection, _ours(job, key, claim))
 
-    def _finish_on(self, connection: Any, params: dict[str, Any]) -> bool:
+    def finish_marked(self, job: str, key: str, claim: Claim) -> bool:
+        """After finish_on: record done in once_runs once the marker has committed (or a claim
+        or an earlier try did); False when no committed marker is there (rolled back, or the
+        caller's transaction still open): nothing written."""
+        params = _ours(job, key, claim)
+        with self._errors("cannot record the result in"):
+            self.connect()
+            recorded = self._finish_marked(params) or self._finished_by(params) is not None
+        if recorded:
+            self.release(job, key)
+        return recorded
+
+    # SQLite has one writer at a time: a write of ours waits for a caller's open transaction.
+    ONE_WRITER: ClassVar[bool] = False
+
+    def in_transaction(self, connection: Any) -> bool:
+        """The caller's connection holds an open transaction (a marker's fate is not known)."""
+        raise NotImplementedError
+
+    def _finish_on(self, connection: Any, params: Params) -> bool:
+        raise NotImplementedError
+
+    def _finish_marked(self, params: Params) -> bool:
         raise NotImplementedError
 
     def set_state(self, job: str, value: str, owner: str, seed: Job | None = None,
@@ -250,13 +324,17 @@ class Ledger:
         claim then takes fence 1 and the schedule it runs with); the tables are created if
         there are none. Without it, a job that has never run is a LedgerError.
         """
-        params: dict[str, Any] = {"job": job, "state": value, "owner": owner,
-                                  "reason": f"state set: {value[:200]}", "seed": seed is not None}
+        # The (state) row's claim_id is its own: once_attempts.claim_id is required (schema
+        # 5), which is what refuses an older once's `state --set`.
+        params: Params = {"job": job, "state": value, "owner": owner,
+                                  "reason": f"state set: {value[:200]}", "seed": seed is not None,
+                                  "claim_id": new_claim_id()}
         if seed is not None:
             assert first_period_start is not None
             params.update(kind=seed.kind, schedule=seed.schedule, tz=seed.tz, lag=seed.lag,
                           max_attempts=seed.max_attempts, stale_after=seed.stale_after,
-                          shards=seed.shards, period_start=self._time(first_period_start))
+                          shards=seed.shards, no_overlap=int(seed.no_overlap),
+                          period_start=self._time(first_period_start))
             return self._with_schema(lambda: self._set_state(params), "cannot set the state in")
         with self._errors("cannot set the state in"):
             self.connect()
@@ -265,8 +343,8 @@ class Ledger:
     # reads for rerun and --state (one round trip each, still no SQLAlchemy)
 
     JOB_INFO = """
-        SELECT kind, schedule, tz, lag, max_attempts, stale_after, shards FROM once_jobs
-        WHERE job = %(job)s"""
+        SELECT kind, schedule, tz, lag, max_attempts, stale_after, shards, no_overlap
+        FROM once_jobs WHERE job = %(job)s"""
 
     STATE = """SELECT state, state_version FROM once_jobs WHERE job = %(job)s"""
 
@@ -275,49 +353,36 @@ class Ledger:
         WHERE job = %(job)s AND command_hash IS NOT NULL
         ORDER BY started_at DESC LIMIT 1"""
 
-    # Catch-up's reads (once.gaps finds the periods that need a run from them): index seeks
-    # and ranges on once_runs_job_status_start, one round trip each.
-
-    JOB_SPAN = """
-        SELECT (SELECT first_period_start FROM once_jobs WHERE job = %(job)s),
-               (SELECT max(period_start) FROM once_runs WHERE job = %(job)s AND status = 'done'),
-               (SELECT max(period_start) FROM once_runs
-                WHERE job = %(job)s AND status = 'running'),
-               (SELECT max(period_start) FROM once_runs
-                WHERE job = %(job)s AND status = 'failed')"""
-
     # Seconds since a row's heartbeat, by the database's clock (per dialect).
     HEARTBEAT_AGE: ClassVar[str] = ""
+    # A row whose heartbeat is within its owner's promise, by the database's clock.
+    FRESH: ClassVar[str] = ""
 
-    OPEN_ROWS = """
-        SELECT period, period_start, status, attempt, {age}, stale_after FROM once_runs
-        WHERE job = %(job)s AND status IN ('running', 'failed')
-          AND period_start >= %(lo)s AND period_start < %(hi)s
-        ORDER BY period_start"""
+    # --no-overlap: the live attempt of another period of the job, if any (read under the
+    # job row's lock, after our claim's upsert, so that no claim of the job is unseen).
+    LIVE_OTHER = """
+        SELECT period, owner, attempt, fence, {age}, stale_after FROM once_runs
+        WHERE job = %(job)s AND status = 'running' AND period_start <> %(period_start)s
+          AND {fresh}
+        ORDER BY period_start LIMIT 1"""
 
+    def live_other(self) -> str:
+        return self.LIVE_OTHER.format(age=self.HEARTBEAT_AGE, fresh=self.FRESH)
 
-    def job_span(self, job: str) -> tuple[datetime | None, datetime | None]:
-        """(the job's first period start, the start of its latest row of any status), UTC;
-        (None, None) for a job that has never run."""
-        rows = self._read(self.JOB_SPAN, {"job": job})
-        if not rows or rows[0][0] is None:
-            return None, None
-        first, *latest = (self._from_db_time(v) for v in rows[0] if v is not None)
-        return first, max(latest, default=None)
+    ROW_HOLDER = """
+        SELECT attempt, fence, owner, claim_id FROM once_runs
+        WHERE job = %(job)s AND period = %(period)s"""
 
-    def open_rows(self, job: str, lo: datetime,
-                  hi: datetime) -> list[tuple[str, datetime, str, int, bool]]:
-        """The running and failed rows whose period starts in [lo, hi), oldest first:
-        (key, period start, status, attempt, whether it is a running row past its owner's
-        promise by the database's clock)."""
-        rows = self._read(self.OPEN_ROWS.format(age=self.HEARTBEAT_AGE),
-                          {"job": job, "lo": self._time(lo), "hi": self._time(hi)})
-        return [(key, self._from_db_time(start), status, int(attempt),
-                 status == "running" and age is not None and float(age) > float(stale_after))
-                for key, start, status, attempt, age, stale_after in rows]
+    def holder(self, job: str, key: str) -> tuple[int, int, str, str | None] | None:
+        """Who holds the period's row: (attempt, fence, owner, claim id); None: no row."""
+        rows = self._read(self.ROW_HOLDER, {"job": job, "period": key})
+        if not rows:
+            return None
+        attempt, fence, owner, claim_id = rows[0]
+        return int(attempt), int(fence), str(owner), claim_id
 
     def rows(self, job: str) -> LedgerRows:
-        """The job's rows as once.gaps.GapFinder reads them."""
+        """The job's rows as catch-up reads them (once.ledger.gap_rows)."""
         return LedgerRows(self, job)
 
     def job_info(self, name: str) -> Job | None:
@@ -325,59 +390,55 @@ class Ledger:
         rows = self._read(self.JOB_INFO, {"job": name})
         if not rows:
             return None
-        kind, sched, tz, lag, max_attempts, stale_after, shards = rows[0]
-        return Job(name, kind, sched, tz, lag, max_attempts, float(stale_after), shards)
+        kind, sched, tz, lag, max_attempts, stale_after, shards, no_overlap = rows[0]
+        return Job(name, kind, sched, tz, lag, max_attempts, float(stale_after), shards,
+                   bool(no_overlap))
 
     def state(self, job: str) -> tuple[str | None, int]:
         """The job's watermark and its version ((None, 0) when never set)."""
         rows = self._read(self.STATE, {"job": job})
         return (rows[0][0], int(rows[0][1])) if rows else (None, 0)
 
-    def last_command(self, job: str) -> str | None:
-        """The command hash of the job's latest attempt (for --require-same-command)."""
-        rows = self._read(self.LAST_COMMAND, {"job": job})
-        return rows[0][0] if rows else None
-
-    def _read(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def _read(self, sql: str, params: Params) -> list[Row]:
         with self._errors("cannot read"):
             self.connect(patient=True)
             try:
                 return self._fetch(sql, params)
             except Exception as exc:
-                if schema_missing(self.dialect, exc):
+                if self.backend.schema_missing(exc):
                     return []  # no tables yet: nothing has run
                 raise
 
     # per dialect
 
-    def _fetch(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def _fetch(self, sql: str, params: Params) -> list[Row]:
         raise NotImplementedError
 
     def _from_db_time(self, value: Any) -> datetime:
         """A time the driver read, as an aware UTC datetime (naive values are UTC)."""
         return from_db_time(value)
 
-    def _open(self) -> Any:
+    def _open(self) -> Connection:
         raise NotImplementedError
 
-    def _claim(self, params: dict[str, Any]) -> Claim:
+    def _claim(self, params: Params) -> Claim:
         raise NotImplementedError
 
-    def _renew(self, params: dict[str, Any]) -> bool:
+    def _renew(self, params: Params) -> bool:
         raise NotImplementedError
 
-    def _finish(self, params: dict[str, Any]) -> bool:
+    def _finish(self, params: Params) -> bool:
         raise NotImplementedError
 
-    def _finish_with_state(self, params: dict[str, Any]) -> bool:
+    def _finish_with_state(self, params: Params) -> bool:
         raise NotImplementedError
 
-    def _set_state(self, params: dict[str, Any]) -> int:
+    def _set_state(self, params: Params) -> int:
         raise NotImplementedError
 
-    def _time(self, instant: datetime) -> Any:
-        """A period bound as the dialect's column holds it (once.ledger.records.db_time)."""
-        return db_time(self.dialect, instant)
+    def _time(self, instant: datetime) -> datetime | str:
+        """A period bound as the dialect's column holds it (Dialect.bind)."""
+        return self.backend.bind(instant)
 
     # plumbing
 
@@ -387,7 +448,7 @@ class Ledger:
             try:
                 return action()
             except Exception as exc:
-                if not schema_missing(self.dialect, exc):
+                if not self.backend.schema_missing(exc):
                     raise
         # First use (or an older schema): create or upgrade it, then try once more.
         from once.ledger import schema  # imported here only: it pulls in SQLAlchemy
@@ -409,9 +470,23 @@ class Ledger:
             raise
         except Exception as exc:
             where = self.target.redacted
-            error = LedgerError(f"{doing} the ledger {where}: {describe(exc)}")
-            error.transient = transient(exc)
+            error = LedgerError(f"{doing} the ledger {where}: {describe(exc)}"
+                                f"{self._explain(exc)}")
+            error.failure, error.cause = self.backend.failure(exc), describe(exc)
             raise error from exc
+
+    def _explain(self, exc: BaseException) -> str:
+        """What the driver's error leaves unsaid, for its `once:` line ('' for nothing): read
+        only on the error path (a dialect may ask the server, PostgreSQL whether it is a
+        standby)."""
+        return ""
+
+
+def _ours(job: str, key: str, claim: Claim) -> Params:
+    """What a renewal or a finish matches the row on: our attempt, by its number and by its
+    claim's identity, which no other attempt shares (an attempt number can repeat after a
+    failover lost the rows that used it)."""
+    return {"job": job, "period": key, "attempt": claim.attempt, "claim_id": claim.claim_id}
 
 
 def shut_down(fd: int) -> None:

@@ -1,106 +1,124 @@
 """The ledger on PostgreSQL: `PostgresLedger`'s statements, each one round trip (a claim is
-one statement of CTEs), under a client-side watchdog.
+one statement of CTEs), under a client-side watchdog that cancels a statement at its time
+limit (a commit left waiting for a synchronous standby ends there) and shuts the socket of one
+that does not answer even that.
 
-Imports only psycopg 3 (when it connects) and the stdlib, besides once.ledger's base and
-records.
+Imports only psycopg 3 (when it connects, through once.ledger.connect) and the stdlib,
+besides once.ledger's base and records.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-import time
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-from once.ledger.base import Ledger, shut_down
-from once.ledger.records import Claim, CommandDrift, LedgerError, lost_claim, skew_refusal
+from once.ledger.base import Ledger, schema_gate
+from once.ledger.pg_claim import CLAIM, CLAIM_PLAIN
+from once.ledger.records import (
+    Claim,
+    CommandDrift,
+    LedgerError,
+    describe,
+    lost_claim,
+    overlap_claim,
+    read_only_server,
+    skew_refusal,
+)
+from once.ledger.url import Target
+from once.ledger.watchdog import WATCHDOG, cancel
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg.errors import Diagnostic
+    from psycopg.rows import TupleRow
+
+    from once.ledger.dbapi import Params, Row
+
+_GATE = schema_gate("integer")
+
+
+class _Overlap(Exception):
+    """--no-overlap met another period's live attempt after the claim: roll it back."""
+
+    def __init__(self, row: Row) -> None:
+        super().__init__("overlap")
+        self.row = row
 
 
 class PostgresLedger(Ledger):
     dialect = "postgresql"
+    # Open whenever a statement runs: each runs after connect() (None only while closed).
+    _conn: psycopg.Connection[TupleRow]
     HEARTBEAT_AGE = "extract(epoch FROM clock_timestamp() - heartbeat_at)::float8"
+    FRESH = "heartbeat_at >= clock_timestamp() - make_interval(secs => stale_after)"
 
-    # One statement, one round trip: compare the clocks, bump the job's fence, insert or take
-    # over the run row, log the attempt; when nothing was won, report the row as it stands.
-    # Every part reads the row's newest version: ON CONFLICT sees it whatever the statement's
-    # snapshot, and the holder is read FOR SHARE (after the job row's lock, which serialises
-    # the job's claims), which in READ COMMITTED follows the row to its latest committed
-    # version. A plain read would report the row as it stood before a concurrent claim (a
-    # rerun refused as "done by attempt 1").
-    CLAIM = """
-        WITH clock AS (
-            SELECT %(max_skew)s = 0
-                   OR abs(extract(epoch FROM clock_timestamp() - %(host_now)s)) <= %(max_skew)s
-                   AS ok
-        ), job AS (
-            INSERT INTO once_jobs AS j (job, fence, fires, kind, schedule, tz, lag, max_attempts,
-                                        stale_after, shards, first_period_start, created_at,
-                                        last_fire_at)
-            SELECT %(job)s, 1, 1, %(kind)s, %(schedule)s, %(tz)s, %(lag)s, %(max_attempts)s,
-                   %(stale_after)s, %(shards)s, %(period_start)s, clock_timestamp(),
-                   clock_timestamp()
-            FROM clock WHERE clock.ok
-            ON CONFLICT (job) DO UPDATE SET
-                fence = j.fence + 1, fires = j.fires + 1, kind = excluded.kind,
-                schedule = excluded.schedule, tz = excluded.tz, lag = excluded.lag,
-                max_attempts = excluded.max_attempts, stale_after = excluded.stale_after,
-                shards = excluded.shards,
-                first_period_start = least(j.first_period_start, excluded.first_period_start),
-                last_fire_at = excluded.last_fire_at
-            RETURNING fence, state, state_version
-        ), won AS (
-            INSERT INTO once_runs AS r (job, period, status, attempt, fence, owner, period_start,
-                                        period_end, started_at, heartbeat_at, stale_after)
-            SELECT %(job)s, %(period)s, 'running', 1, job.fence, %(owner)s, %(period_start)s,
-                   %(period_end)s, clock_timestamp(), clock_timestamp(), %(stale_after)s
-            FROM job
-            ON CONFLICT (job, period) DO UPDATE SET
-                status = 'running', attempt = r.attempt + 1, fence = excluded.fence,
-                owner = excluded.owner, started_at = excluded.started_at,
-                heartbeat_at = excluded.heartbeat_at, finished_at = NULL, exit_code = NULL,
-                stale_after = excluded.stale_after
-            WHERE (r.status = 'failed' AND r.attempt < %(max_attempts)s)
-               OR (r.status = 'running'
-                   AND r.heartbeat_at < clock_timestamp() - make_interval(secs => r.stale_after))
-               OR (%(rerun)s AND r.status IN ('done', 'failed'))
-            RETURNING r.attempt, r.fence, r.started_at
-        ), logged AS (
-            INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at,
-                                       reason, command_hash, output)
-            SELECT %(job)s, %(period)s, attempt, fence, %(owner)s, 'running', started_at,
-                   %(reason)s, %(command_hash)s, NULL
-            FROM won
-        ), holder AS (
-            SELECT r.attempt, r.fence, r.status, r.owner,
-                   extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8 AS age,
-                   r.stale_after
-            FROM once_runs r, job
-            WHERE r.job = %(job)s AND r.period = %(period)s AND NOT EXISTS (SELECT FROM won)
-            FOR SHARE OF r
-        )
-        SELECT 'won', attempt, won.fence, 'running', %(owner)s, 0.0::float8, job.state,
-               job.state_version, NULL::float8
-        FROM won, job
-        UNION ALL
-        SELECT 'lost', attempt, fence, status, owner, age, NULL, 0, stale_after FROM holder
-        UNION ALL
-        SELECT 'skew', 0, 0, '', '', extract(epoch FROM clock_timestamp() - %(host_now)s)::float8,
-               NULL, 0, NULL
-        FROM clock WHERE NOT clock.ok"""
+    # One statement, one round trip (once.ledger.pg_claim), and the same without the timeline.
+    CLAIM, CLAIM_PLAIN = CLAIM, CLAIM_PLAIN
 
     LOCK_JOB = "SELECT 1 FROM once_jobs WHERE job = %(job)s FOR UPDATE"
+
+    # A claim --no-overlap rolled back is still a fire, and the flag is the latest claim's.
+    FIRED_HELD_BACK = """
+        UPDATE once_jobs SET fire_count = fire_count + 1, no_overlap = 1,
+               last_fired_at = clock_timestamp()
+        WHERE job = %(job)s"""
+
+    # A won claim that no synchronous standby confirmed in time (_watched) is undone on the
+    # primary, so that no claim that ran nothing holds the period: a first attempt goes, a
+    # takeover of a finished row puts the attempt it took over back, one of a stale row is
+    # left stale at once. Its own commit does not wait for the standby (in WAL order after).
+    RELEASE = """
+        WITH mine AS (
+            SELECT attempt FROM once_runs
+            WHERE job = %(job)s AND period = %(period)s AND attempt = %(attempt)s
+              AND claim_id = %(claim_id)s AND status = 'running'
+        ), prior AS (
+            SELECT p.* FROM once_attempts p, mine
+            WHERE p.job = %(job)s AND p.period = %(period)s AND p.attempt = mine.attempt - 1
+              AND p.status IN ('done', 'failed')
+        ), dropped AS (
+            DELETE FROM once_runs r USING mine
+            WHERE r.job = %(job)s AND r.period = %(period)s AND mine.attempt = 1
+            RETURNING 1
+        ), restored AS (
+            UPDATE once_runs r SET status = p.status, attempt = p.attempt, fence = p.fence,
+                   owner = p.owner, started_at = p.started_at, finished_at = p.finished_at,
+                   heartbeat_at = coalesce(p.finished_at, p.started_at),
+                   exit_code = p.exit_code, claim_id = p.claim_id
+            FROM prior p
+            WHERE r.job = %(job)s AND r.period = %(period)s
+            RETURNING 1
+        ), forgotten AS (
+            DELETE FROM once_attempts a USING mine
+            WHERE a.job = %(job)s AND a.period = %(period)s AND a.attempt = mine.attempt
+              AND a.claim_id = %(claim_id)s
+              AND (mine.attempt = 1 OR EXISTS (SELECT FROM prior))
+        ), abandoned AS (
+            UPDATE once_runs r SET heartbeat_at = r.started_at, stale_after = 0
+            FROM mine
+            WHERE r.job = %(job)s AND r.period = %(period)s AND mine.attempt > 1
+              AND NOT EXISTS (SELECT FROM prior)
+            RETURNING 1
+        )
+        SELECT set_config('synchronous_commit', 'local', true),
+               (SELECT count(*) FROM dropped) + (SELECT count(*) FROM restored)
+               + (SELECT count(*) FROM abandoned)"""
+
+    IN_RECOVERY = "SELECT pg_is_in_recovery()"
 
     RENEW = """
         UPDATE once_runs SET heartbeat_at = clock_timestamp()
         WHERE job = %(job)s AND period = %(period)s AND attempt = %(attempt)s
-          AND status = 'running'"""
+          AND claim_id = %(claim_id)s AND status = 'running'"""
 
     FINISH = """
         WITH fin AS (
             UPDATE once_runs SET status = %(status)s, exit_code = %(exit_code)s,
-                   finished_at = clock_timestamp(), heartbeat_at = clock_timestamp()
+                   finished_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
+                   interrupted = interrupted + %(interrupted)s
             WHERE job = %(job)s AND period = %(period)s AND attempt = %(attempt)s
-              AND status = 'running'
+              AND claim_id = %(claim_id)s AND status = 'running'
             RETURNING finished_at
         ), logged AS (
             UPDATE once_attempts a SET status = %(status)s, exit_code = %(exit_code)s,
@@ -110,6 +128,28 @@ class PostgresLedger(Ledger):
             WHERE a.job = %(job)s AND a.period = %(period)s AND a.attempt = %(attempt)s
         )
         SELECT count(*) FROM fin"""
+
+    # Run.finish_in's marker, on the caller's connection: the attempt's own row, which the
+    # heartbeat never writes (it renews once_runs), so that at REPEATABLE READ or SERIALIZABLE
+    # a transaction may outlive any number of heartbeats. A takeover marks the row it takes
+    # over (outcome taken-over): then nothing matches, or, if it committed after the
+    # caller's snapshot, PostgreSQL fails the statement (could not serialize access).
+    MARK = """
+        UPDATE once_attempts SET status = 'done', exit_code = 0, outcome = 'done',
+               finished_at = clock_timestamp()
+        WHERE job = %(job)s AND period = %(period)s AND attempt = %(attempt)s
+          AND claim_id = %(claim_id)s AND status = 'running' AND outcome IS NULL"""
+
+    # The finish after Run.finish_in: the run row done once the marker has committed. The
+    # marker is read, not locked: a caller whose transaction is still open is not waited for.
+    FINISH_MARKED = """
+        UPDATE once_runs r SET status = 'done', exit_code = a.exit_code,
+               finished_at = a.finished_at
+        FROM once_attempts a
+        WHERE r.job = %(job)s AND r.period = %(period)s AND r.attempt = %(attempt)s
+          AND r.claim_id = %(claim_id)s AND r.status = 'running' AND a.job = r.job
+          AND a.period = r.period
+          AND a.attempt = r.attempt AND a.status = 'done'"""
 
     # The same finish, and the watermark with it, in one statement: the job row is locked
     # first (FOR UPDATE returns its newest version), the run row is finished only if the
@@ -123,7 +163,7 @@ class PostgresLedger(Ledger):
             UPDATE once_runs SET status = 'done', exit_code = %(exit_code)s,
                    finished_at = clock_timestamp(), heartbeat_at = clock_timestamp()
             WHERE job = %(job)s AND period = %(period)s AND attempt = %(attempt)s
-              AND status = 'running' AND (SELECT fresh FROM j)
+              AND claim_id = %(claim_id)s AND status = 'running' AND (SELECT fresh FROM j)
             RETURNING finished_at
         ), logged AS (
             UPDATE once_attempts a SET status = 'done', exit_code = %(exit_code)s,
@@ -137,156 +177,229 @@ class PostgresLedger(Ledger):
         SELECT count(*) FROM fin"""
 
     SEED_JOB = """
-        INSERT INTO once_jobs (job, fence, fires, kind, schedule, tz, lag, max_attempts,
-                               stale_after, shards, first_period_start, created_at,
-                               last_fire_at)
+        INSERT INTO once_jobs (job, fence, fire_count, kind, schedule, tz, lag, max_attempts,
+                               stale_after, shards, no_overlap, first_period_start,
+                               created_at, last_fired_at)
         VALUES (%(job)s, 0, 0, %(kind)s, %(schedule)s, %(tz)s, %(lag)s, %(max_attempts)s,
-                %(stale_after)s, %(shards)s, %(period_start)s, clock_timestamp(),
-                clock_timestamp())
+                %(stale_after)s, %(shards)s, %(no_overlap)s, %(period_start)s,
+                clock_timestamp(), clock_timestamp())
         ON CONFLICT (job) DO NOTHING"""
 
-    SET_STATE = """
+    SET_STATE = f"""
         WITH changed AS (
             UPDATE once_jobs SET state = %(state)s, state_version = state_version + 1
-            WHERE job = %(job)s
+            WHERE job = %(job)s AND {_GATE}
             RETURNING state_version, fence
         ), logged AS (
             INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at,
-                                       finished_at, outcome, reason)
+                                       finished_at, outcome, reason, claim_id)
             SELECT %(job)s, '(state)', state_version, fence, %(owner)s, 'done',
-                   clock_timestamp(), clock_timestamp(), 'state-set', %(reason)s
+                   clock_timestamp(), clock_timestamp(), 'state-set', %(reason)s, %(claim_id)s
             FROM changed
         )
         SELECT state_version FROM changed"""
 
-    def _open(self) -> Any:
-        import psycopg
+    def __init__(self, target: Target, timeout: float = 10.0) -> None:
+        super().__init__(target, timeout)
+        self._warnings: list[str] = []
 
-        args = dict(self.target.connect_args)
-        conninfo = args.pop("conninfo")
-        # autocommit: each statement is its own transaction, one round trip.
-        # prepare_threshold=None: no server-side prepared statements, so PgBouncer in
-        # transaction pooling mode works.
-        return psycopg.connect(
-            conninfo, autocommit=True, prepare_threshold=None,
-            connect_timeout=max(2, round(self.statement_timeout)), **args,
-        )
+    def _open(self) -> psycopg.Connection[TupleRow]:
+        from once.ledger.connect import connect
 
-    def _claim(self, params: dict[str, Any]) -> Claim:
-        if not params["require_same"]:
-            return self._answer(self._execute(self.CLAIM, params).fetchone(), params)
-        # --require-same-command: take the job row's lock first, so that every claim of the
-        # job that committed before is visible to the next statement, and decide the drift
-        # before the claim, in one transaction with it (only this flag pays the round trips).
-        with self._conn.transaction():
+        # autocommit: each statement is its own transaction, one round trip (psycopg's).
+        conn = cast("psycopg.Connection[TupleRow]",
+                    connect(self.target, max(2, round(self.statement_timeout)), autocommit=True))
+        conn.add_notice_handler(self._noticed)
+        return conn
+
+    timeline_fences = True  # this ledger's claims read the timeline (TIMELINE_FLOOR)
+
+    def _claim(self, params: Params) -> Claim:
+        """The claim, its fence composed with the server's timeline; where the server cannot
+        read it, sent again without (a failed statement wrote nothing), and from then on
+        without, once that passed (a refusal it meets too was not the timeline's)."""
+        if self.timeline_fences:
+            try:
+                return self._claim_with(self.CLAIM, params)
+            except Exception as exc:
+                if not timeline_unreadable(exc):
+                    raise
+        claim = self._claim_with(self.CLAIM_PLAIN, params)
+        self.timeline_fences = False
+        return claim
+
+    def _claim_with(self, claim_sql: str, params: Params) -> Claim:
+        if not (params["require_same"] or params["no_overlap"]):
+            claim = self._answer(self._execute(claim_sql, params).fetchone(), params)
+        else:
+            # Only these flags pay the round trips of a transaction; its commit is watched.
+            try:
+                with self._watched(), self._conn.transaction():
+                    claim = self._claim_checked(claim_sql, params)
+            except _Overlap as overlap:  # rolled back: the claim it made is undone
+                self._execute(self.FIRED_HELD_BACK, params)  # as any other skip is counted
+                return overlap_claim(overlap.row)
+        if claim.won and self.unconfirmed:
+            self._release_unconfirmed(params, claim)
+        return claim
+
+    def _claim_checked(self, claim_sql: str, params: Params) -> Claim:
+        if params["require_same"]:
+            # The job row's lock first, so that every claim of the job that committed before
+            # is visible to the next statement; the drift is decided before the claim.
             self._execute(self.LOCK_JOB, params)
             last = self._execute(self.LAST_COMMAND, params).fetchone()
             if last is not None and last[0] != params["command_hash"]:
                 raise CommandDrift(params["job"], last[0], params["command_hash"])
-            return self._answer(self._execute(self.CLAIM, params).fetchone(), params)
+        claim = self._answer(self._execute(claim_sql, params).fetchone(), params)
+        if claim.won and params["no_overlap"]:
+            # The claim's upsert holds the job row: a statement from now on sees every
+            # claim of the job that committed before, and no other can commit meanwhile.
+            other = self._execute(self.live_other(), params).fetchone()
+            if other is not None:
+                raise _Overlap(other)
+        return claim
 
-    def _answer(self, row: tuple[Any, ...] | None, params: dict[str, Any]) -> Claim:
+    def _release_unconfirmed(self, params: Params, claim: Claim) -> NoReturn:
+        """The claim committed on the primary, but its wait for the synchronous standby was
+        cancelled at the statement's time limit: nothing is run on a claim a failover could
+        lose, and the claim is released (RELEASE) rather than left to hold the period for
+        --stale-after (docs/how-to/high-availability.md)."""
+        try:
+            rows = self._fetch(self.RELEASE, {**params, "attempt": claim.attempt})
+            undone = "so it was released" if rows[0][1] else "and it is no longer this claim's"
+        except Exception as exc:  # the period is then held until the claim goes stale
+            undone = (f"and it could not be released ({describe(exc)}): the period is held "
+                      f"until --stale-after")
+        raise LedgerError(
+            f"cannot claim in the ledger {self.target.redacted}: no synchronous standby "
+            f"confirmed the claim within {self._limits()[0]:g}s (is the synchronous standby "
+            f"down? see synchronous_standby_names), {undone}")
+
+    def _explain(self, exc: BaseException) -> str:
+        """A refused write: whether the server is a standby (asked only on this path)."""
+        if not read_only_server(exc) or self._conn is None:
+            return ""
+        try:
+            standby = self._fetch(self.IN_RECOVERY, {})[0][0]
+        except Exception:  # the error said enough
+            return ""
+        if standby:
+            return (" (the server is a standby, in recovery: point --db at the primary, or "
+                    "name every server in the URL with target_session_attrs=read-write)")
+        return " (the server is a primary whose sessions are read-only)"
+
+    def _answer(self, row: Row | None, params: Params) -> Claim:
         if row is None:  # the row was inserted by a claimer our snapshot cannot see yet
             return lost_claim(None)
-        what, attempt, fence, status, owner, age, state, version, stale_after = row
+        what, attempt, fence, status, owner, age, state, version, stale_after, interrupted = row
+        if what == "newer":
+            self.refuse_newer((status,))
         if what == "skew":
             raise skew_refusal(params, age)
-        if what == "lost":
-            return lost_claim((status, attempt, fence, owner, age, stale_after))
-        return Claim(True, attempt, fence, status, owner, age, state, version)
+        if what in ("lost", "capped"):
+            return lost_claim((status, attempt, fence, owner, age, stale_after, interrupted),
+                              capped=what == "capped")
+        return Claim(True, attempt, fence, status, owner, age, state, version,
+                     claim_id=params["claim_id"])
 
-    def _renew(self, params: dict[str, Any]) -> bool:
+    def _renew(self, params: Params) -> bool:
         return bool(self._execute(self.RENEW, params).rowcount == 1)
 
-    def _write(self, sql: str, params: dict[str, Any]) -> None:
+    def _write(self, sql: str, params: Params) -> None:
         self._execute(sql, params)
 
-    def _finish(self, params: dict[str, Any]) -> bool:
-        (count,) = self._execute(self.FINISH, params).fetchone()
+    def _finish(self, params: Params) -> bool:
+        (count,) = cast("Row", self._execute(self.FINISH, params).fetchone())  # one: a count
         return bool(count == 1)
 
-    def _finish_with_state(self, params: dict[str, Any]) -> bool:
-        (count,) = self._execute(self.FINISH_STATE, params).fetchone()
+    def _finish_with_state(self, params: Params) -> bool:
+        (count,) = cast("Row", self._execute(self.FINISH_STATE, params).fetchone())  # one: a count
         return bool(count == 1)
 
-    def _finish_on(self, connection: Any, params: dict[str, Any]) -> bool:
-        (count,) = connection.execute(self.FINISH, params).fetchone()
-        return bool(count == 1)
+    def _finish_on(self, connection: psycopg.Connection[Any], params: Params) -> bool:
+        return bool(connection.execute(self.MARK, params).rowcount == 1)
 
-    def _set_state(self, params: dict[str, Any]) -> int:
-        if not params["seed"]:
-            row = self._execute(self.SET_STATE, params).fetchone()
-        else:
-            # Two statements, one transaction: a CTE's update cannot see its sibling's insert.
-            with self._conn.transaction():
+    def _finish_marked(self, params: Params) -> bool:
+        return bool(self._execute(self.FINISH_MARKED, params).rowcount == 1)
+
+    def in_transaction(self, connection: psycopg.Connection[Any]) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return bool(not connection.closed and connection.info.transaction_status in (
+            TransactionStatus.ACTIVE, TransactionStatus.INTRANS, TransactionStatus.INERROR))
+
+    def _set_state(self, params: Params) -> int:
+        # One transaction: a CTE's update cannot see its sibling's insert, and a seed on a
+        # ledger that refuses us is rolled back.
+        with self._watched(), self._conn.transaction():
+            if params["seed"]:
                 self._execute(self.SEED_JOB, params)
-                row = self._execute(self.SET_STATE, params).fetchone()
-        if row is None:
-            raise LedgerError(f"unknown job {params['job']!r}: it has never run")
+            row = self._execute(self.SET_STATE, params).fetchone()
+            if row is None:
+                self.refuse_newer(self._execute(self.STORED_VERSION, {}).fetchone())
+                raise LedgerError(f"unknown job {params['job']!r}: it has never run")
         return int(row[0])
 
-    def _execute(self, sql: str, params: dict[str, Any]) -> Any:
-        """Execute under a watchdog. psycopg has no client-side statement timeout, and a
-        server-side one needs session state that PgBouncer does not keep; a server that stops
-        answering (stopped, hung, a partition that still ACKs) would hold us for ever. Past
-        the watchdog's time the socket is shut down, which fails the statement."""
-        token = _WATCHDOG.arm(self._conn.pgconn.socket, max(5.0, 2 * self.statement_timeout))
-        try:
+    def _execute(self, sql: str, params: Params) -> psycopg.Cursor[TupleRow]:
+        """Execute under a watchdog (_watched)."""
+        with self._watched():
             return self._conn.execute(sql, params)
-        finally:
-            _WATCHDOG.disarm(token)
 
-    def _fetch(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    # Set by each watched statement or transaction: it was answered after the watchdog had
+    # cancelled it, with a warning: PostgreSQL's "canceling wait for synchronous replication"
+    # (the transaction committed locally; no standby confirmed it). Its words are translated;
+    # its severity is not.
+    unconfirmed = False
+    _depth = 0
+
+    def _limits(self) -> tuple[float, float]:
+        """(when a statement is cancelled, when its socket is shut down), in seconds."""
+        limit = max(5.0, 2 * self.statement_timeout)
+        return 0.75 * limit, limit
+
+    @contextmanager
+    def _watched(self) -> Iterator[None]:
+        """Bound what runs in the block (a statement, or a transaction with its commit).
+        psycopg has no client-side statement timeout, and a server-side one needs session
+        state that PgBouncer does not keep: a server that stops answering (stopped, hung, a
+        partition that still ACKs) would hold us for ever. At the first limit the statement is
+        cancelled (as a server-side timeout would, through psycopg's cancel request), which
+        also ends a commit's wait for a synchronous standby (the transaction then stands on
+        the primary alone); past the second, the socket is shut down, which fails it."""
+        if self._depth:  # inside a watched transaction: its watch covers this statement
+            yield
+            return
+        conn = self._conn
+        self.unconfirmed, self._warnings = False, []
+        cancel_at, shut_at = self._limits()
+        token = WATCHDOG.arm(conn.pgconn.socket, cancel_at, shut_at,
+                              lambda: cancel(conn, shut_at - cancel_at))
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            cancelled = WATCHDOG.disarm(token)
+        self.unconfirmed = cancelled and bool(self._warnings)
+
+    def _noticed(self, notice: Diagnostic) -> None:
+        if notice.severity_nonlocalized == "WARNING":
+            self._warnings.append(str(notice.message_primary))
+
+    def _fetch(self, sql: str, params: Params) -> list[Row]:
         return [tuple(r) for r in self._execute(sql, params).fetchall()]
 
 
-class _Watchdog:
-    """One thread for every statement's time limit, started with the first: a thread a
-    statement (threading.Timer) cost half a millisecond each, two a period in a catch-up.
-    Statements may be in flight on several connections at once (a renewal left stuck in a
-    hung server, and the next statement on a fresh connection)."""
-
-    def __init__(self) -> None:
-        self.forked()
-        # A fork has no thread, and may have copied the lock while the parent's thread held it.
-        os.register_at_fork(after_in_child=self.forked)
-
-    def forked(self) -> None:
-        self._changed = threading.Condition()
-        self._armed: dict[int, tuple[float, int]] = {}  # token -> (deadline, socket)
-        self._tokens = 0
-        self._watching = False
-
-    def arm(self, fd: int, seconds: float) -> int:
-        with self._changed:
-            if not self._watching:
-                self._watching = True
-                threading.Thread(target=self._watch, daemon=True, name="once-watchdog").start()
-            deadline = time.monotonic() + seconds
-            earliest = min((armed for armed, _ in self._armed.values()), default=None)
-            self._tokens += 1
-            self._armed[self._tokens] = (deadline, fd)
-            if earliest is None or deadline < earliest:  # else it wakes in time anyway
-                self._changed.notify()
-            return self._tokens
-
-    def disarm(self, token: int) -> None:
-        with self._changed:
-            self._armed.pop(token, None)  # the thread wakes at the old deadline, finds nothing
-
-    def _watch(self) -> None:
-        with self._changed:
-            try:
-                while True:
-                    now = time.monotonic()
-                    for token, (deadline, fd) in list(self._armed.items()):
-                        if deadline <= now:
-                            del self._armed[token]
-                            shut_down(fd)
-                    deadlines = [deadline for deadline, _ in self._armed.values()]
-                    self._changed.wait(min(deadlines) - now if deadlines else None)
-            finally:  # never left without a watcher: the next statement starts another
-                self._watching = False
+# What a server that speaks PostgreSQL but cannot read its timeline answers TIMELINE_FLOOR
+# with, by SQLSTATE class: an unknown function or a privilege refused (42; but for a table or
+# column not created yet), not supported (0A), a value it cannot cast (22), an internal error
+# (XX), a prerequisite (55: Aurora's "wal_level must be set to 'logical'"; not a standby's
+# "recovery is in progress", which the claim without the timeline meets too).
+_NO_TIMELINE = ("42", "0A", "22", "XX", "55")
 
 
-_WATCHDOG = _Watchdog()
+def timeline_unreadable(exc: BaseException) -> bool:
+    state = str(getattr(exc, "sqlstate", None) or "")
+    return (state[:2] in _NO_TIMELINE and state not in ("42P01", "42703")
+            and not read_only_server(exc))

@@ -1,21 +1,11 @@
 """`once prune`: forget old history, keep what correctness needs.
 
-Deleted: attempts (once_attempts) that finished before the cut-off, and `done` rows of
-once_runs that finished before it and whose period lies before everything catch-up and the
-reports still need. Kept, always: every `running` and `failed` row (a failed-out period still
-needs a rerun or a look), every done row from the job's oldest running or failed row, or its
-oldest due period without a row, on (the gap finder counts those done rows to know which
-periods in between are done), and the latest done row of each job. Each job's expected range
-(once_jobs.first_period_start) moves up to the oldest row it still has, or to its oldest gap
-when that comes first, so that reports do not call the pruned periods missing and still call
-the gaps missing. Jobs that have not fired for longer than the cut-off are listed (renamed or
-retired jobs); they are not deleted.
-
-The ledger stays claimable: an attempt goes with the run row it belongs to, finished or not
-(an attempt that was taken over never finishes), since the next claim of a pruned period
-starts again at attempt 1 and would collide with any attempt row left behind. A ledger
-without tables (or a SQLite file that does not exist) has nothing to prune and is not
-created; a ledger that cannot be reached is a LedgerError (exit 75).
+Deleted: attempts that finished before the cut-off, and done rows before everything catch-up
+and the reports still need (every running and failed row stays, every done row from the
+job's oldest open row or gap on, and each job's latest done row); each job's expected range
+moves up to what it still has, so that the pruned periods are not called missing. An attempt
+goes with its run row, so that a pruned period claimed again at attempt 1 collides with
+nothing. docs/concepts/ledger.md and docs/reference/commands.md "once prune" say the rest.
 
 Imports SQLAlchemy and once.ledger.schema (never on the hot path). Which periods are gaps is
 the reports' rule, not the ledger's: the caller hands it in (`oldest_gaps`, in `once prune`
@@ -24,7 +14,6 @@ once.report.oldest_gaps), so that the ledger package never imports the reports.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -45,13 +34,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 
-from once.ledger import LedgerError, Target, describe, from_db_time, queries
-from once.ledger.queries import bind
-from once.ledger.reads import Snapshot
-from once.ledger.schema import attempts, engine, jobs, runs
+from once.ledger import LedgerError, Target, describe, engines, from_db_time, newer_schema
+from once.ledger.dialects import of
+from once.ledger.engines import bind
+from once.ledger.fleet import Snapshot
+from once.ledger.rows import STATE_PERIOD
+from once.ledger.schema import SCHEMA_VERSION, attempts, engine, ensure, jobs, runs
 
 # once_attempts' record of `once state --set`: no run row of its own
-STATE_ROWS = queries.STATE_PERIOD
+STATE_ROWS = STATE_PERIOD
 
 # (a snapshot, job names) -> per job with a due period without a row, where the oldest such
 # period starts
@@ -70,17 +61,24 @@ def prune(target: Target, older_than: float, oldest_gaps: OldestGaps, dry_run: b
           now: datetime | None = None) -> Pruned:
     """Delete (or with dry_run, count) what finished more than older_than seconds ago."""
     cut = (now or datetime.now(UTC)) - timedelta(seconds=older_than)
-    if target.dialect == "sqlite" and not os.path.exists(target.path):
+    if of(target).absent(target):
         return Pruned(no_tables=True)  # connecting would leave an empty file behind
     connected = False
     try:
         eng = engine(target)
         try:
-            with eng.begin() as conn:
-                connected = True
-                if not inspect(conn).has_table(runs.name):
-                    return Pruned(no_tables=True)
-                return _prune(conn, target, cut, dry_run, oldest_gaps)
+            for tries in (1, 2):
+                with eng.begin() as conn:
+                    connected = True
+                    if not inspect(conn).has_table(runs.name):
+                        return Pruned(no_tables=True)
+                    version = engines.schema_version(conn)
+                    if version > SCHEMA_VERSION:
+                        raise newer_schema(version)
+                    if version == SCHEMA_VERSION or tries == 2:
+                        return _prune(conn, target, cut, dry_run, oldest_gaps)
+                ensure(target)  # an older ledger: upgraded first, as the next once run would
+            raise AssertionError("unreachable")
         finally:
             eng.dispose()
     except (OSError, ValueError) as exc:  # the driver's, while connecting (a TLS file, say)
@@ -146,10 +144,14 @@ def _prune_runs(conn: Connection, job: str, goes: ColumnElement[bool], dry_run: 
 def _prune_attempts(conn: Connection, job: str, goes: ColumnElement[bool], cut: datetime,
                     dry_run: bool) -> int:
     """The job's attempts that finished before the cut, and every one whose run row goes (or
-    is gone already: an earlier prune left it behind)."""
+    is gone already: an earlier prune left it behind). Never the attempt that holds a running
+    row: finished, it is the Python API's done marker (finish_in), which the next claim reads
+    to record the period done instead of running it again."""
     kept_row = exists().where(runs.c.job == attempts.c.job, runs.c.period == attempts.c.period,
                               not_(goes))
-    old = and_(attempts.c.job == job,
+    holds = exists().where(runs.c.job == attempts.c.job, runs.c.period == attempts.c.period,
+                           runs.c.attempt == attempts.c.attempt, runs.c.status == "running")
+    old = and_(attempts.c.job == job, not_(holds),
                or_(and_(attempts.c.finished_at.is_not(None), attempts.c.finished_at < cut),
                    and_(attempts.c.period != STATE_ROWS, not_(kept_row))))
     if dry_run:
@@ -168,6 +170,6 @@ def _move_expected_ranges(conn: Connection, target: Target,
 
 
 def _idle_jobs(conn: Connection, cut: datetime) -> list[tuple[str, datetime]]:
-    rows = conn.execute(select(jobs.c.job, jobs.c.last_fire_at)
-                        .where(jobs.c.last_fire_at < cut).order_by(jobs.c.job))
+    rows = conn.execute(select(jobs.c.job, jobs.c.last_fired_at)
+                        .where(jobs.c.last_fired_at < cut).order_by(jobs.c.job))
     return [(job, from_db_time(at)) for job, at in rows]

@@ -1,36 +1,34 @@
 """What the ledger answers and how it fails: the records `Job` and `Claim`, the errors
-(`LedgerError`, `ClockSkew`, `CommandDrift`), and the rules that read a driver's exception
-(transient or not, a busy server, a table or column not created yet), for every dialect.
+(`LedgerError`, `ClockSkew`, `CommandDrift`), the rules that read a driver's exception the
+same for every dialect (a busy server, a read-only one; each dialect's own are in
+once.ledger.errors), and how a tail of output is cut to what the ledger takes (`cut_tail`).
 
 Imports only the stdlib, once.outcomes (the words of a status) and once.frozen: the rules
-look at an exception's class names, SQLSTATE, error code or text, never at a driver's classes,
-so that no driver is loaded to classify its errors.
+look at an exception's SQLSTATE, error code or text, never at a driver's classes, so that no
+driver is loaded to classify its errors.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Literal, TypeGuard
 
 from once import outcomes
 from once.frozen import Frozen
 from once.outcomes import Skip
 
+if TYPE_CHECKING:
+    from once.ledger.dbapi import Params, Row
+
 # The ledger's schema version (once_meta), which once.ledger.schema creates and upgrades to.
 # 2: shards, state, state_version, command_hash; 3: once_runs.stale_after;
-# 4: once_attempts.output
-SCHEMA_VERSION = 4
-
-
-def db_time(dialect: str, instant: datetime) -> Any:
-    """An instant as the dialect's column holds it: UTC; naive outside PostgreSQL; on SQLite
-    the text SQLAlchemy writes, the year in four digits (strftime('%Y') gives '1' for the year
-    1, which no reader could parse and which sorts after 2026)."""
-    at = instant.astimezone(UTC)
-    if dialect == "postgresql":
-        return at
-    at = at.replace(tzinfo=None)
-    return at.isoformat(" ", "microseconds") if dialect == "sqlite" else at
+# 4: once_attempts.output; 5: once_jobs.fires renamed fire_count (older claims refused) and
+# last_fire_at last_fired_at (older prunes refused), once_attempts.claim_id required (older
+# `state --set` refused), every claim checks the version (docs/how-to/upgrading.md),
+# once_runs.interrupted
+SCHEMA_VERSION = 5
 
 
 def from_db_time(value: datetime) -> datetime:
@@ -53,11 +51,14 @@ class Job(Frozen):
     max_attempts: int
     stale_after: float
     shards: int
+    no_overlap: bool  # --no-overlap: never claim while another period's attempt lives
 
     def __init__(self, name: str, kind: str, schedule: str, tz: str, lag: int = 0,
-                 max_attempts: int = 3, stale_after: float = 300.0, shards: int = 1) -> None:
+                 max_attempts: int = 3, stale_after: float = 300.0, shards: int = 1,
+                 no_overlap: bool = False) -> None:
         self._set(name=name, kind=kind, schedule=schedule, tz=tz, lag=lag,
-                  max_attempts=max_attempts, stale_after=stale_after, shards=shards)
+                  max_attempts=max_attempts, stale_after=stale_after, shards=shards,
+                  no_overlap=no_overlap)
 
 
 class Claim(Frozen):
@@ -72,47 +73,135 @@ class Claim(Frozen):
     state: str | None  # won: the job's watermark as the claim found it
     state_version: int  # won: its version, for the compare-and-set of the finish
     stale_after: float | None  # skipped: the holder's own --stale-after (its promise)
+    claim_id: str  # won: the identity renewals and the finish match the row on
+    # skipped by --no-overlap (status "overlap"): the other period whose live attempt it met
+    held_period: str
+    capped: bool  # skipped: this claim recorded a stale row failed (attempt_cap)
+    interrupted: int  # skipped: how many of the row's attempts ended interrupted
 
     def __init__(self, won: bool, attempt: int, fence: int, status: str = "running",
                  owner: str = "", heartbeat_age: float | None = None, state: str | None = None,
-                 state_version: int = 0, stale_after: float | None = None) -> None:
+                 state_version: int = 0, stale_after: float | None = None,
+                 claim_id: str = "", held_period: str = "", capped: bool = False,
+                 interrupted: int = 0) -> None:
         self._set(won=won, attempt=attempt, fence=fence, status=status, owner=owner,
                   heartbeat_age=heartbeat_age, state=state, state_version=state_version,
-                  stale_after=stale_after)
+                  stale_after=stale_after, claim_id=claim_id, held_period=held_period,
+                  capped=capped, interrupted=interrupted)
 
     @property
     def skip_reason(self) -> Skip:
-        """`skipped-done`, `skipped-held` or `skipped-failed` (attempts used up)."""
+        """`skipped-done`, `skipped-held`, `skipped-failed` (attempts used up) or
+        `skipped-overlap` (--no-overlap: another period's attempt lives)."""
         return outcomes.skip(self.status)
 
 
-def lost_claim(row: tuple[Any, ...] | None) -> Claim:
-    """A lost claim, as the row that beat it stood (None: a claimer we cannot see yet)."""
+def new_claim_id() -> str:
+    """A claim's identity: 64 random bits, as hex (once_runs.claim_id)."""
+    return os.urandom(8).hex()
+
+
+def overlap_claim(row: Row) -> Claim:
+    """A claim that --no-overlap gave up: the live attempt of another period, as
+    (period, owner, attempt, fence, heartbeat age, stale_after)."""
+    period, owner, attempt, fence, age, stale_after = row
+    return Claim(False, attempt, fence, "overlap", owner, None if age is None else float(age),
+                 stale_after=float(stale_after), held_period=period)
+
+
+def lost_claim(row: Row | None, capped: bool = False) -> Claim:
+    """A lost claim, as the row that beat it stood (HOLDER's columns; None: a claimer we
+    cannot see yet); capped: the claim has just recorded that row failed (attempt_cap)."""
     if row is None:
         return Claim(False, 0, 0, "running", "another process", 0.0)
-    status, attempt, fence, owner, age, stale_after = row
-    return Claim(False, attempt, fence, status, owner, None if age is None else float(age),
-                 stale_after=None if stale_after is None else float(stale_after))
+    status, attempt, fence, owner, age, stale_after, interrupted = row
+    return Claim(False, attempt, fence, "failed" if capped else status, owner,
+                 None if age is None else float(age),
+                 stale_after=None if stale_after is None else float(stale_after), capped=capped,
+                 interrupted=int(interrupted or 0))
+
+
+# docs/concepts/liveness.md: the bound on a period's attempts of any cause (once.outcomes).
+ATTEMPTS_IN_ALL = outcomes.ATTEMPTS_IN_ALL
+
+
+def attempt_cap(max_attempts: int) -> int:
+    """The most attempts a period gets, of any cause (docs/concepts/liveness.md)."""
+    return ATTEMPTS_IN_ALL * max_attempts
+
+
+def used_up_line(attempt: int, interrupted: int, max_attempts: int) -> str:
+    """The words of a skip of a failed row with no attempts left (outcomes.attempts_left)."""
+    if attempt - interrupted >= max_attempts:
+        spent = f"failed {attempt - interrupted} times"
+        if interrupted:
+            spent += f" (and {interrupted} interrupted)"
+        return f"{spent}, no attempts left of --max-attempts {max_attempts}"
+    return (f"{attempt} attempts, {interrupted} of them interrupted, and a period gets at most "
+            f"{ATTEMPTS_IN_ALL} x --max-attempts {max_attempts} attempts in all: no attempts "
+            f"left")
+
+
+def capped_line(attempt: int, max_attempts: int) -> str:
+    """The words of a claim that recorded a stale row failed (attempt_cap)."""
+    return (f"attempt {attempt} went stale without a result, and a period gets at most "
+            f"{ATTEMPTS_IN_ALL} x --max-attempts {max_attempts} attempts in all: recorded "
+            f"failed, not run again (once rerun runs it again)")
+
+
+def cappable(row: Row | None, params: Params) -> TypeGuard[Row]:
+    """Whether a claim that lost to `row` (HOLDER's columns) records it failed: a running row
+    past its owner's promise that has had its attempt_cap attempts (the SQL checks again)."""
+    if row is None or params["rerun"]:
+        return False
+    status, attempt, _fence, _owner, age, stale_after, _interrupted = row
+    return (status == "running" and attempt >= params["attempt_cap"] and age is not None
+            and float(age) > float(stale_after))
+
+
+def beaten(row: Row, max_attempts: int, rerun: bool) -> bool:
+    """Whether a claim of ours could not take the row as the holder's read (status, attempt,
+    fence, owner, heartbeat age, stale_after, interrupted) found it: a running row within its
+    owner's promise; without a rerun, a done row or a failed one with no attempt left
+    (outcomes.attempts_left). The takeover's condition turned round, for a claim that decides
+    from a read alone (MySQL, after a conflict)."""
+    status, attempt, _, _, age, stale_after, interrupted = row
+    if status == "running":
+        return age is None or float(age) <= float(stale_after)
+    return not rerun and (status == "done" or outcomes.attempts_left(
+        int(attempt), int(interrupted or 0), max_attempts) == 0)
 
 
 # -- how it fails ----------------------------------------------------------------------------
+
+# Whether a retry may cure a failure (LedgerError.failure).
+Failure = Literal["unreachable", "transient", "unfit", "slow", "permanent"]
 
 
 class LedgerError(Exception):
     """The ledger could not be reached, or answered with an error (exit 75).
 
-    `transient`: the connection failed (worth a retry on a fresh one); otherwise the database
-    refused the statement itself, and the same statement would be refused again.
+    `failure` (records.failure) says whether a retry may cure it: `unreachable` (the
+    connection failed) and `transient` (the server said "not now": busy, a lock, a deadlock, a
+    failover) may pass on a fresh connection; `unfit` (a value the server cannot take as sent:
+    too large for its packet or column, or outside the column's charset) and `slow` (a
+    statement timeout) may pass with less in it (a finish cuts its tail, once.run.attempt);
+    `permanent` is refused again whatever the retry. `cause` is the driver's own first line.
+    A LedgerError once raises itself is permanent.
     """
 
-    transient = True
+    failure: Failure = "permanent"
+    cause: str = ""
+
+    @property
+    def transient(self) -> bool:
+        """Worth the same statement again, on a fresh connection."""
+        return self.failure in ("unreachable", "transient")
 
 
 class ClockSkew(LedgerError):
     """The host's clock and the database's disagree by more than --max-clock-skew: a period
     computed from the host's clock could be the wrong one, so nothing was claimed (exit 75)."""
-
-    transient = False
 
 
 class CommandDrift(Exception):
@@ -126,7 +215,16 @@ class CommandDrift(Exception):
         self.last, self.ours = last, ours
 
 
-def skew_refusal(params: dict[str, Any], db_minus_host: float) -> ClockSkew:
+def newer_schema(version: int) -> LedgerError:
+    """The refusal of a ledger that a newer once has upgraded: its rules are not ours."""
+    error = LedgerError(
+        f"the ledger's schema is version {version}, newer than this once knows "
+        f"({SCHEMA_VERSION}): upgrade once")
+    error.failure = "permanent"
+    return error
+
+
+def skew_refusal(params: Params, db_minus_host: float) -> ClockSkew:
     """The one-line refusal of a claim whose host clock disagrees with the database's."""
     host = params["host_now"]
     host = host if isinstance(host, datetime) else datetime.fromisoformat(str(host))
@@ -147,15 +245,21 @@ def describe(exc: BaseException) -> str:
 
 # -- reading a driver's exception --------------------------------------------------------------
 
-# DB-API: OperationalError and InterfaceError are the connection's; DataError,
-# IntegrityError, ProgrammingError and friends are the statement's.
-_TRANSIENT = {"OperationalError", "InterfaceError", "ConnectionTimeout", "TimeoutError"}
+# A server that refuses writes for now: a PostgreSQL standby (25006 read_only_sql_transaction
+# for a write; 55000 "recovery is in progress" for the WAL functions), which a failover
+# promotes within seconds. A renewal or a final write that meets one (haproxy sending it there
+# while the primary is down, say) is retried until its deadline, as a lost connection is; a
+# claim says in its line that the server is a standby (docs/how-to/high-availability.md).
+_READ_ONLY_SQLSTATES = {"25006"}
+_READ_ONLY_TEXT = ("read-only transaction", "recovery is in progress")
 
 
-def transient(exc: BaseException) -> bool:
-    """The connection failed (a retry on a fresh one may succeed), not the statement."""
-    return isinstance(exc, OSError) or any(cls.__name__ in _TRANSIENT
-                                           for cls in type(exc).__mro__)
+def read_only_server(exc: BaseException) -> bool:
+    """The server refused a write as a standby, or as a session that is read-only, does."""
+    if getattr(exc, "sqlstate", None) in _READ_ONLY_SQLSTATES:
+        return True
+    text = str(exc).lower()
+    return any(words in text for words in _READ_ONLY_TEXT)
 
 
 # Connection refusals that say "not now" rather than "never": out of connections, starting
@@ -163,6 +267,7 @@ def transient(exc: BaseException) -> bool:
 _BUSY_SQLSTATES = {"53300", "57P03"}  # too_many_connections, cannot_connect_now
 _BUSY_MYSQL = {1040, 1203, 1226}  # too many connections; per-user limits
 _BUSY_TEXT = ("too many clients", "too many connections", "no more connections allowed",
+              "remaining connection slots are reserved",
               "the database system is starting up", "the database system is shutting down",
               "connection refused")
 
@@ -183,24 +288,38 @@ def error_code(exc: BaseException) -> int | None:
     return args[0] if args and isinstance(args[0], int) else None
 
 
-# A statement that names a table or a column the ledger does not have yet (its first use, or
-# a schema older than this once's), as each driver says it.
-_UNDEFINED_SQLSTATES = {"42P01": "table", "42703": "column"}  # PostgreSQL
-_UNDEFINED_MYSQL = {1146: "table", 1054: "column"}  # MySQL, MariaDB
-_UNDEFINED_SQLITE = {"no such table": "table", "no such column": "column",
-                     "has no column": "column"}
+# -- what the ledger takes of a tail ---------------------------------------------------------
 
 
-def schema_missing(dialect: str, exc: BaseException, columns: bool = True) -> bool:
-    """The statement failed for a table (or, with `columns`, a column) that is not there yet:
-    once.ledger.schema creates or upgrades the tables, then the statement is tried again (or,
-    for a read, nothing has run yet). `exc` is the driver's exception."""
-    if dialect == "postgresql":
-        missing = _UNDEFINED_SQLSTATES.get(getattr(exc, "sqlstate", None) or "")
-    elif dialect == "mysql":
-        missing = _UNDEFINED_MYSQL.get(error_code(exc) or 0)
-    else:
-        text = str(exc)
-        missing = next((what for words, what in _UNDEFINED_SQLITE.items() if words in text),
-                       None)
-    return missing == "table" or (columns and missing == "column")
+def utf8_size(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def cut_tail(output: str, budget: int, why: str,
+             cost: Callable[[str], int] = utf8_size) -> str:
+    """`output` as it fits in `budget` (bytes, by `cost`: its UTF-8 by default): whole when it
+    fits, else its end, cut at a character boundary, after a first line that says so:
+    `[once: N bytes cut from the start of this tail: WHY]` (N bytes of UTF-8). The line alone
+    when the budget holds no more (0: keep none of the tail)."""
+    if cost(output) <= budget:
+        return output
+    note = _cut_note(utf8_size(output), why)
+    room = budget - cost(note)  # the note of the longest cut: any shorter one fits too
+    if room < cost(output[-1:]):
+        return note
+    # The first character from which the rest fits: the cost shrinks as the start moves on.
+    lo, hi = 1, len(output)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cost(output[mid:]) <= room:
+            hi = mid
+        else:
+            lo = mid + 1
+    # The note of this cut may be shorter (fewer digits): it may leave room for a little more.
+    while lo > 1 and cost(_cut_note(utf8_size(output[:lo - 1]), why) + output[lo - 1:]) <= budget:
+        lo -= 1
+    return _cut_note(utf8_size(output[:lo]), why) + output[lo:]
+
+
+def _cut_note(cut: int, why: str) -> str:
+    return f"[once: {cut} bytes cut from the start of this tail: {why}]\n"

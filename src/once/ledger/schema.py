@@ -1,16 +1,19 @@
 """The ledger's tables, in SQLAlchemy Core, and the DDL that creates or upgrades them.
 
-`once_runs` is public (README "The ledger"): one row per (job, period), the attempt that owns it.
+`once_runs` is public (docs/concepts/ledger.md): one row per (job, period), the attempt that
+owns it.
 `once_attempts` keeps every attempt, `once_jobs` the fence counter and the schedule each job
 last ran with (so reports know which periods were expected), `once_meta` the schema version.
 
 Creation is safe under concurrent first use: it runs under a lock that only one process holds
-at a time (PostgreSQL advisory lock, MySQL GET_LOCK, SQLite's write lock), and it only creates
-what is missing.
+at a time (each dialect's: PostgreSQL advisory lock, MySQL GET_LOCK, SQLite's write lock;
+once.ledger.dialects), and it only creates what is missing. On a Galera cluster GET_LOCK holds
+on one node only: a creation that meets what another node made at the same moment looks again
+(_create_until_done).
 
-Imports SQLAlchemy (and through it the URL's driver) and once.ledger's url and records: never
-on the hot path. once.ledger.base imports it only when a statement finds a table or column
-missing; the reports, once serve and `once schema` import it for the tables.
+Imports SQLAlchemy (and through it the URL's driver) and once.ledger's url, records and
+dialects: never on the hot path. once.ledger.base imports it only when a statement finds a
+table or column missing; the reports, once serve and `once schema` import it for the tables.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    CheckConstraint,
     Column,
     DateTime,
     Engine,
@@ -35,16 +39,15 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
-    inspect,
-    select,
     text,
 )
-from sqlalchemy.dialects import mysql, postgresql, sqlite
-from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.dialects import mysql, sqlite
+from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool
-from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable
+from sqlalchemy.schema import CreateIndex, CreateTable
 
 from once.ledger import LedgerError, Target, create_private, describe
+from once.ledger.dialects import named, of
 from once.ledger.records import SCHEMA_VERSION as SCHEMA_VERSION  # its home, re-exported
 
 # Times are UTC instants: timestamptz on PostgreSQL, DATETIME(6) (UTC by convention, written
@@ -64,7 +67,10 @@ Key = String(255).with_variant(
 LongText = Text().with_variant(mysql.MEDIUMTEXT(), "mysql", "mariadb")
 
 metadata = MetaData()
-_INNODB: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
+# Both prefixes: SQLAlchemy's mariadb dialect (a mariadb:// URL) ignores the mysql_ ones, and
+# its tables took the server's default charset (latin1 on many), refusing any other text.
+_INNODB: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4",
+                           "mariadb_engine": "InnoDB", "mariadb_charset": "utf8mb4"}
 
 
 def _instants(*names: str) -> list[Column[Any]]:
@@ -88,6 +94,15 @@ runs = Table(
     # and every report judges the row by it, never by the caller's own --stale-after. Rows of
     # an older ledger get the default --stale-after.
     Column("stale_after", Float, nullable=False, server_default="300"),
+    # The identity of the attempt that holds the row (schema 5): renewals and the finish match
+    # on it, so that after a failover lost rows an old owner is fenced out at its next renewal
+    # instead of renewing a stranger's claim of the same attempt number. NULL: claimed before.
+    Column("claim_id", String(32), nullable=True),
+    # How many of the row's attempts ended interrupted (schema 5): by a SIGTERM, SIGINT or
+    # SIGHUP that once received and forwarded (a drain, a deploy). The retry rule counts the
+    # others against --max-attempts (attempt - interrupted), the attempt cap every attempt
+    # (once.outcomes.attempts_left). 0 on rows of an older ledger.
+    Column("interrupted", Integer, nullable=False, server_default="0"),
     # Reports count each job's done rows in its due range, and find its latest done period,
     # from this index alone (once status / once check over 1M rows).
     Index("once_runs_job_status_start", "job", "status", "period_start"),
@@ -120,23 +135,40 @@ attempts = Table(
     # characters for what is not), written with its finish; NULL when not captured. Up to
     # 1 MiB of bytes, up to three times that in UTF-8: MEDIUMTEXT on MySQL.
     Column("output", LongText, nullable=True),
+    # As once_runs.claim_id, but required, with no default (schema 5): an insert that does
+    # not name it is refused, and only an older once's `once state --set` makes one (its
+    # claims are refused by the rename of once_jobs.fires). MySQL/MariaDB without strict mode
+    # fill a missing NOT NULL VARCHAR with '', which the CHECK refuses. The attempts of an
+    # older once hold BEFORE_5 (once.ledger.upgrade); `once state --set` rows an id of their
+    # own. (ddl_if takes a tuple of dialects, though its annotation says one.)
+    Column("claim_id", String(32), nullable=False),
+    CheckConstraint("claim_id <> ''", name="once_attempts_claim_id").ddl_if(
+        dialect=("mysql", "mariadb")),  # type: ignore[arg-type]
     Index("once_attempts_job_started", "job", "started_at"),
     **_INNODB,
 )
+# once_attempts.claim_id of the attempts recorded before schema 5 (the upgrade's backfill).
+BEFORE_5 = "before-5"
 
 jobs = Table(
     "once_jobs", metadata,
     Column("job", Key, primary_key=True),
     Column("fence", BigInteger, nullable=False),
-    Column("fires", BigInteger, nullable=False),
+    # `fires` before schema 5: the rename is what refuses every older once's claim (see
+    # once.ledger.upgrade), as each of them names the old column; `last_fired_at`
+    # (`last_fire_at` before) every older `once prune`, which reads it first.
+    Column("fire_count", BigInteger, nullable=False),
     Column("kind", String(16), nullable=False),
     Column("schedule", String(255), nullable=False),
     Column("tz", String(64), nullable=False),
     Column("lag", Integer, nullable=False),
     Column("max_attempts", Integer, nullable=False),
     Column("stale_after", Float, nullable=False),
-    *_instants("first_period_start", "created_at", "last_fire_at"),
+    *_instants("first_period_start", "created_at", "last_fired_at"),
     Column("shards", Integer, nullable=False, server_default="1"),
+    # The latest claim's --no-overlap (1: on): the reports do not call the periods after a
+    # live attempt missing while it runs, as no claim could take them meanwhile.
+    Column("no_overlap", Integer, nullable=False, server_default="0"),
     # The watermark of `--state`: advanced only with a done, fenced finish (compare-and-set
     # on state_version), at most 64 KiB of UTF-8 (MEDIUMTEXT: MySQL's TEXT stops short of it).
     Column("state", LongText, nullable=True),
@@ -151,16 +183,9 @@ meta = Table(
     **_INNODB,
 )
 
-DIALECTS: dict[str, Dialect] = {
-    "sqlite": sqlite.dialect(),
-    "postgresql": postgresql.dialect(),  # type: ignore[no-untyped-call]
-    "mysql": mysql.dialect(),
-}
-
-
 def ddl(dialect: str) -> Iterator[str]:
     """The CREATE statements for a dialect, without touching any database."""
-    target = DIALECTS[dialect]
+    target = named(dialect).sqlalchemy()
     for table in metadata.sorted_tables:
         yield str(CreateTable(table, if_not_exists=True).compile(dialect=target)).strip()
         for index in sorted(table.indexes, key=lambda i: str(i.name)):
@@ -176,30 +201,33 @@ logging.getLogger("sqlalchemy").addHandler(logging.NullHandler())
 
 
 def engine(target: Target) -> Engine:
-    """A SQLAlchemy engine on the ledger (NullPool: a CLI opens one connection and leaves)."""
-    eng = create_engine(target.sqlalchemy_url, poolclass=NullPool, **engine_args(target))
-    if target.dialect == "sqlite":
-        # pysqlite would not open a transaction before DDL; take SQLite's write lock up front
-        # so that concurrent first uses queue instead of racing.
-        @event.listens_for(eng, "connect")
-        def _no_implicit_transactions(dbapi_conn, _record):  # type: ignore[no-untyped-def]
-            dbapi_conn.isolation_level = None
+    """A SQLAlchemy engine on the ledger, for table creation and `once prune`: each connect
+    bounded by 10 s, statements by nothing (SQLite: a busy timeout of 30 s)."""
+    backend = of(target)
+    eng = engine_on(target, lambda: backend.connect(target, backend.schema_connect_timeout))
+    if not backend.begin_immediate:
+        return eng
+    # pysqlite would not open a transaction before DDL; take SQLite's write lock up front
+    # so that concurrent first uses queue instead of racing.
 
-        @event.listens_for(eng, "begin")
-        def _begin_immediate(conn):  # type: ignore[no-untyped-def]
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+    @event.listens_for(eng, "connect")
+    def _no_implicit_transactions(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+        dbapi_conn.isolation_level = None
+
+    @event.listens_for(eng, "begin")
+    def _begin_immediate(conn):  # type: ignore[no-untyped-def]
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return eng
 
 
-def engine_args(target: Target) -> dict[str, object]:
-    if target.dialect == "sqlite":
-        return {"connect_args": {"timeout": 30}}
-    if target.dialect == "postgresql":
-        args = {k: v for k, v in target.connect_args.items() if k != "conninfo"}
-        return {"connect_args": {"prepare_threshold": None, "connect_timeout": 10, **args}}
-    args = {k: v for k, v in target.connect_args.items() if k == "password"}
-    return {"connect_args": {"connect_timeout": 10, "charset": "utf8mb4", **args}}
+def engine_on(target: Target, creator: Callable[[], Any]) -> Engine:
+    """An engine whose every connection `creator` opens as the hot path would
+    (once.ledger.connect), never from the URL: SQLAlchemy cannot read every URL libpq and
+    once can (a host list), and would connect otherwise than `once run` if it did. NullPool:
+    a command opens a connection or two and leaves."""
+    return create_engine(f"{of(target).sqlalchemy_url(target)}://", poolclass=NullPool,
+                         creator=creator)
 
 
 def ensure(target: Target) -> None:
@@ -209,7 +237,7 @@ def ensure(target: Target) -> None:
         eng = engine(target)
         try:
             with eng.connect() as conn:
-                _create_locked(conn, target)
+                _create_until_done(conn, target)
         finally:
             eng.dispose()
     except LedgerError:
@@ -220,87 +248,59 @@ def ensure(target: Target) -> None:
         ) from exc
 
 
+# How long a creation looks again while a node of a Galera cluster made (part of) it at the
+# same moment (Dialect.made_elsewhere: GET_LOCK is the node's own, not the cluster's).
+_MADE_ELSEWHERE_FOR = 60.0  # seconds: as long as GET_LOCK waits for another process's turn
+
+
+def _create_until_done(conn: Connection, target: Target) -> None:
+    """_create_locked, again while a MySQL-family server says another node did (part of) it
+    at the same moment, until a pass finds nothing left to make or the time is up."""
+    import random
+    import time
+
+    give_up = time.monotonic() + _MADE_ELSEWHERE_FOR
+    while True:
+        try:
+            _create_locked(conn, target)
+            return
+        except Exception as exc:
+            if not of(target).made_elsewhere(exc) or time.monotonic() > give_up:
+                raise
+            conn.rollback()
+        time.sleep(random.uniform(0.05, 0.3))
+
+
 def _create_locked(conn: Connection, target: Target) -> None:
-    """Create and upgrade under a lock that is released only after the commit.
+    """Create and upgrade under the dialect's schema lock, released only after the commit.
 
     PostgreSQL: a transaction-scoped advisory lock. SQLite: the write lock of BEGIN IMMEDIATE.
     MySQL: GET_LOCK, a session lock, taken before the transaction and released after it,
     so that the next process's snapshot sees what this one committed.
     """
-    if target.dialect == "mysql":
-        got = conn.execute(text("SELECT GET_LOCK('once_schema', 60)")).scalar()
+    backend = of(target)
+    if backend.session_lock:
+        got = conn.execute(text(backend.session_lock[0])).scalar()
         conn.commit()
         if got != 1:
             raise LedgerError(f"timed out waiting for the schema lock in {target.redacted}")
     try:
         with conn.begin():
-            if target.dialect == "postgresql":
-                conn.execute(text("SELECT pg_advisory_xact_lock(7310504102)"))
+            if backend.transaction_lock:
+                conn.execute(text(backend.transaction_lock))
             metadata.create_all(conn, checkfirst=True)
-            _upgrade(conn)
+            from once.ledger.upgrade import upgrade  # it imports this module's tables
+
+            upgrade(conn)
     finally:
-        if target.dialect == "mysql":
-            conn.execute(text("SELECT RELEASE_LOCK('once_schema')"))
+        if backend.session_lock:
+            conn.execute(text(backend.session_lock[1]))
             conn.commit()
-
-
-def _upgrade(conn: Connection) -> None:
-    """Bring an older schema up to SCHEMA_VERSION, one numbered step at a time."""
-    stored = conn.execute(select(meta.c.value).where(meta.c.name == "schema_version")).scalar()
-    if stored is None:
-        conn.execute(meta.insert().values(name="schema_version", value=str(SCHEMA_VERSION)))
-        return
-    version = int(stored)
-    if version > SCHEMA_VERSION:
-        raise LedgerError(
-            f"the ledger's schema is version {version}, newer than this once knows "
-            f"({SCHEMA_VERSION}): upgrade once"
-        )
-    _add_missing(conn)
-    if conn.dialect.name == "sqlite":
-        _pad_sqlite_years(conn)
-    # Changes that adding columns and indexes cannot express go here, numbered:
-    # `if version < 3: conn.execute(...)`.
-    if version < SCHEMA_VERSION:
-        conn.execute(
-            meta.update().where(meta.c.name == "schema_version").values(value=str(SCHEMA_VERSION))
-        )
-
-
-# The columns that can hold a period's bounds, the only times that can be before year 1000.
-_PERIOD_TIMES = (("once_runs", "period_start"), ("once_runs", "period_end"),
-                 ("once_jobs", "first_period_start"))
-
-
-def _pad_sqlite_years(conn: Connection) -> None:
-    """Four-digit years in SQLite times that earlier versions wrote unpadded (the year 1 as
-    `1-01-01 ...`): they sorted after 2026 and compared wrongly. Padded text is 26
-    characters, so the WHERE clause finds only the old rows."""
-    for table, column in _PERIOD_TIMES:
-        conn.execute(text(
-            f"UPDATE {table} SET {column} = substr('000', 1, 26 - length({column})) || {column} "
-            f"WHERE length({column}) BETWEEN 23 AND 25 AND {column} GLOB '[0-9]*-[0-9][0-9]-*'"))
-
-
-def _add_missing(conn: Connection) -> None:
-    """Additive upgrades: columns and indexes declared here but missing in the database.
-
-    A new NOT NULL column carries a server default, so existing rows get it too.
-    """
-    inspector = inspect(conn)
-    for table in metadata.sorted_tables:
-        present = {column["name"] for column in inspector.get_columns(table.name)}
-        for column in table.columns:
-            if column.name not in present:
-                spec = CreateColumn(column).compile(dialect=conn.dialect)
-                conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {spec}"))
-        for index in table.indexes:
-            index.create(conn, checkfirst=True)
 
 
 def _prepare_sqlite_file(target: Target) -> None:
     """WAL for concurrent readers; a warning when the file sits on a network filesystem."""
-    if target.dialect != "sqlite" or target.path == ":memory:":
+    if not of(target).file or target.path == ":memory:":
         return
     import sqlite3
     import sys

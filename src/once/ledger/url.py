@@ -1,5 +1,6 @@
 """Where the ledger lives: a --db URL read into a `Target`, its secrets redacted, and the
-embedded default (a private SQLite file under $XDG_STATE_HOME/once/).
+embedded default (a private SQLite file under $XDG_STATE_HOME/once/), which is refused in a
+container, where it would be the container's own.
 
 Imports only the stdlib, once.limits and once.frozen: parse_url runs on every fire, and a bad
 URL is a usage error (exit 2) before any driver is loaded. urllib.parse (and the ipaddress
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-from contextlib import suppress
 from typing import Any, Literal
 
 from once import limits
@@ -24,27 +24,33 @@ class UrlError(limits.InputError):
 
 
 class Target(Frozen):
-    """A parsed --db URL: which driver, how to connect, and how to name it in messages."""
+    """A parsed --db URL: which driver, how to connect, and how to name it in messages.
+
+    connect_args: PostgreSQL, libpq's conninfo (the URL, host list and all) and the password
+    of --db-password-file; MySQL/MariaDB, PyMySQL's arguments for the first of `hosts`, the
+    servers to try in order (once.ledger.connect opens every connection).
+    """
 
     dialect: Dialect
     url: str
     redacted: str
     connect_args: dict[str, Any]
     path: str  # SQLite only
+    hosts: tuple[tuple[str, int], ...]  # MySQL/MariaDB only
 
     def __init__(self, dialect: Dialect, url: str, redacted: str,
-                 connect_args: dict[str, Any] | None = None, path: str = "") -> None:
+                 connect_args: dict[str, Any] | None = None, path: str = "",
+                 hosts: tuple[tuple[str, int], ...] = ()) -> None:
         self._set(dialect=dialect, url=url, redacted=redacted,
-                  connect_args={} if connect_args is None else connect_args, path=path)
+                  connect_args={} if connect_args is None else connect_args, path=path,
+                  hosts=hosts)
 
     @property
-    def sqlalchemy_url(self) -> str:
-        """The same ledger as a SQLAlchemy URL with the driver once uses."""
-        scheme, _, rest = self.url.partition("://")
-        driver = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg", "mysql": "mysql+pymysql"}
-        if scheme.split("+")[0] == "mariadb":
-            driver["mysql"] = "mariadb+pymysql"
-        return f"{driver[self.dialect]}://{rest}"
+    def sqlalchemy_dialect(self) -> str:
+        """SQLAlchemy's name of the dialect and driver once uses (Dialect.sqlalchemy_url)."""
+        from once.ledger.dialects import of  # it imports this module
+
+        return of(self).sqlalchemy_url(self)
 
 
 def default_url() -> str:
@@ -55,16 +61,59 @@ def default_url() -> str:
     return "sqlite:///" + os.path.join(state, "once", "ledger.db")
 
 
-def create_private(target: Target) -> None:
+def unnamed_url(how_to_name: str = "set ONCE_DATABASE_URL (or ONCE_DATABASE_URL_FILE) to "
+                "the shared ledger, or name one on purpose with --db") -> str:
+    """The ledger where none is named: the default SQLite file, but in a container, where it
+    would be the container's own (every pod of a CronJob would keep a ledger of its own and
+    run the job): there a UrlError that says how to name one."""
+    where = container()
+    if where:
+        raise UrlError(f"no ledger named in {where}: the default SQLite ledger would be this "
+                       f"container's own, and every container would run the job; "
+                       f"{how_to_name}")
+    return default_url()
+
+
+# What shows a container: Kubernetes sets KUBERNETES_SERVICE_HOST in every pod, whatever
+# its runtime; Docker creates /.dockerenv, Podman /run/.containerenv; on cgroup v1, PID 1's
+# cgroup names the runtime. _ONCE_SYSTEM_ROOT moves / elsewhere (a knob of the test suite).
+_CONTAINER_FILES = (".dockerenv", "run/.containerenv")
+_CONTAINER_CGROUPS = ("kubepods", "docker", "containerd", "libpod", "crio")
+
+
+def container() -> str:
+    """What shows that this process runs in a container ('' where nothing does): a stat or
+    two and a short read, paid only by a fire that names no ledger."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return "a Kubernetes pod (KUBERNETES_SERVICE_HOST is set)"
+    root = os.environ.get("_ONCE_SYSTEM_ROOT") or "/"
+    for name in _CONTAINER_FILES:
+        if os.path.exists(os.path.join(root, name)):
+            return f"a container (/{name} exists)"
+    try:
+        with open(os.path.join(root, "proc/1/cgroup"), encoding="utf-8",
+                  errors="replace") as cgroups:
+            found = cgroups.read(65536)
+    except OSError:
+        return ""
+    runtime = next((word for word in _CONTAINER_CGROUPS if word in found), "")
+    return f"a container (/proc/1/cgroup names {runtime})" if runtime else ""
+
+
+def create_private(target: Target) -> bool:
     """Create the default SQLite ledger's directory (0700) and file (0600), the user's alone:
     they hold job names, owners and watermarks. What already exists keeps its mode; SQLite
-    gives the -wal and -shm files, and once the .locks file, the ledger's mode."""
-    if target.dialect != "sqlite" or target.url != default_url():
-        return
+    gives the -wal and -shm files, and once the .locks file, the ledger's mode. True when
+    this call created the file (one of many first uses at once)."""
+    if target.url != default_url():  # a sqlite:/// URL: no other dialect's is
+        return False
     os.makedirs(os.path.dirname(target.path), mode=0o700, exist_ok=True)
-    with suppress(FileExistsError):
+    try:
         os.close(os.open(target.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
                          0o600))
+    except FileExistsError:
+        return False
+    return True
 
 
 def parse_url(url: str, password: str | None = None) -> Target:
@@ -76,29 +125,29 @@ def parse_url(url: str, password: str | None = None) -> Target:
                        f"bytes that are not UTF-8")
     if "://" not in url:
         raise UrlError(f"bad --db URL '{url}': expected sqlite:///PATH, postgresql://… or mysql://…")
-    if base == "sqlite" and url.partition("://")[2].startswith("/"):
-        return _sqlite_target(url)  # sqlite:///PATH: no host that urlsplit could refuse
+    from once.ledger.dialects import by_scheme, spoken  # it imports this module
+
+    backend = by_scheme(base)
+    if backend is not None and backend.file and url.partition("://")[2].startswith("/"):
+        return backend.parse(url, password)  # sqlite:///PATH: no host urlsplit could refuse
     from urllib.parse import urlsplit
 
     try:
         parts = urlsplit(url)
     except ValueError as exc:  # [::1 without its bracket, [zz]: the host is malformed
         raise UrlError(f"bad host in --db URL {redact(url)}: {exc}") from None
-    if base == "sqlite":
-        return _sqlite_target(url)
-    _check_port(parts.netloc.rpartition("@")[2], url)
-    if base in ("postgresql", "postgres"):
-        return _postgres_target(url, password)
-    if base in ("mysql", "mariadb"):
-        return _mysql_target(url, password)
-    raise UrlError(
-        f"unsupported --db URL scheme '{scheme}': use sqlite, postgresql, mysql or mariadb"
-    )
+    if backend is not None and backend.file:
+        return backend.parse(url, password)
+    for hostinfo in parts.netloc.rpartition("@")[2].split(","):  # host:port,host:port
+        _check_port(hostinfo, url)
+    if backend is None:
+        raise UrlError(f"unsupported --db URL scheme '{scheme}': use {spoken()}")
+    return backend.parse(url, password)
 
 
 def _check_port(hostinfo: str, url: str) -> None:
-    """A port, when the URL gives one, is a number from 1 to 65535: the reports' SQLAlchemy
-    reads the URL too, and fails on `host:` or `host:port` with a traceback."""
+    """A port, when the URL gives one, is a number from 1 to 65535 (each host's, in a list):
+    else the driver fails on `host:` with a traceback, or takes `host:x` for a host name."""
     if hostinfo.startswith("["):  # [::1]:5432
         hostinfo = hostinfo.partition("]")[2]
     if ":" not in hostinfo:
@@ -133,7 +182,7 @@ def redact(url: str) -> str:
 _QUERY_SECRET = r"([?&](?:password|passwd|sslpassword)=)[^&#]*"
 
 
-def _sqlite_target(url: str) -> Target:
+def sqlite_target(url: str) -> Target:
     path = url.partition("://")[2]
     if not path.startswith("/"):
         raise UrlError(f"bad SQLite URL '{url}': write sqlite:///relative/path or sqlite:////abs")
@@ -147,14 +196,28 @@ def _sqlite_target(url: str) -> Target:
     return Target("sqlite", url, url, path=path)
 
 
-def _postgres_target(url: str, password: str | None) -> Target:
-    # libpq reads the URL itself (host=/socket, sslmode=… and friends keep working); only the
-    # SQLAlchemy driver suffix has to go.
+def postgres_target(url: str, password: str | None) -> Target:
+    # libpq reads the URL itself (host=/socket, sslmode=…, a host list and friends keep
+    # working); only the SQLAlchemy driver suffix has to go.
+    _check_one_host_list(url)
     conninfo = "postgresql://" + url.partition("://")[2]
     args: dict[str, Any] = {"conninfo": conninfo}
     if password is not None:
         args["password"] = password
     return Target("postgresql", url, redact(url), args)
+
+
+def _check_one_host_list(url: str) -> None:
+    """libpq keeps the last of a repeated ?host= (SQLAlchemy's multi-host form, host=a:p&
+    host=b:p): the other hosts would be dropped without a word, and `a:p` read as a name."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    keys = [k.lower() for k, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True)]
+    for key in ("host", "hostaddr", "port"):
+        if keys.count(key) > 1:
+            raise UrlError(f"?{key}= given {keys.count(key)} times in {redact(url)}: libpq "
+                           f"keeps only the last; name several hosts as "
+                           f"postgresql://h1:5432,h2:5432/db or ?host=h1,h2&port=5432,5432")
 
 
 _MYSQL_PARAMS = {"unix_socket", "charset", "ssl_ca", "ssl_cert", "ssl_key", "connect_timeout"}
@@ -173,7 +236,7 @@ def _check_mysql_query(query: dict[str, str], url: str) -> None:
             raise UrlError(f"?{key}={query[key]} in {redact(url)}: no readable file there")
 
 
-def _mysql_target(url: str, password: str | None) -> Target:
+def mysql_target(url: str, password: str | None) -> Target:
     from urllib.parse import parse_qsl, unquote, urlsplit
 
     parts = urlsplit(url)
@@ -181,16 +244,16 @@ def _mysql_target(url: str, password: str | None) -> Target:
     unknown = set(query) - _MYSQL_PARAMS
     if unknown:
         raise UrlError(f"unknown MySQL URL parameter '{sorted(unknown)[0]}' in {redact(url)}")
-    try:
-        port = parts.port or 3306
-    except ValueError:
-        raise UrlError(f"bad port in --db URL {redact(url)}") from None
+    hosts = _mysql_hosts(parts.netloc.rpartition("@")[2], url)
+    if len(hosts) > 1 and "unix_socket" in query:
+        raise UrlError(f"?unix_socket= and several hosts in {redact(url)}: the socket names "
+                       f"one server; give the one or the other")
     database = unquote(parts.path.lstrip("/"))
     if not database:
         raise UrlError(f"no database named in --db URL {redact(url)}")
     args: dict[str, Any] = {
-        "host": parts.hostname or "localhost",
-        "port": port,
+        "host": hosts[0][0],
+        "port": hosts[0][1],
         "user": unquote(parts.username or "root"),
         "password": password if password is not None else unquote(parts.password or ""),
         "database": database,
@@ -207,4 +270,24 @@ def _mysql_target(url: str, password: str | None) -> Target:
     ssl = {k[4:]: v for k, v in query.items() if k.startswith("ssl_")}
     if ssl:
         args["ssl"] = ssl
-    return Target("mysql", url, redact(url), args)
+    return Target("mysql", url, redact(url), args, hosts=hosts)
+
+
+def _mysql_hosts(hostinfo: str, url: str) -> tuple[tuple[str, int], ...]:
+    """The URL's servers in order, `h1:3311,[::1]:3312,h3` (port 3306 where none is given;
+    localhost for a URL that names none). Each port was checked by _check_port."""
+    entries = hostinfo.split(",")
+    hosts = []
+    for entry in entries:
+        if entry.startswith("["):  # [::1]:3306
+            host, _, rest = entry[1:].partition("]")
+            port = rest[1:]
+        else:
+            host, _, port = entry.rpartition(":") if ":" in entry else (entry, "", "")
+        if ":" in host and not entry.startswith("["):
+            raise UrlError(f"bad host {entry!r} in --db URL {redact(url)}: write an IPv6 "
+                           f"address in brackets, [::1]:3306")
+        if not host and len(entries) > 1:
+            raise UrlError(f"an empty host in the list {hostinfo!r} of {redact(url)}")
+        hosts.append((host.lower() or "localhost", int(port) if port else 3306))
+    return tuple(hosts)

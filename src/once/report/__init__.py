@@ -1,17 +1,18 @@
-"""Reports on the ledger: `once status`, `once history`, `once check` and `once metrics`.
+"""Reports on the ledger: `once status`, `once history` (of a job or of the fleet), `once
+check` and `once metrics`.
 
 Only the reports import SQLAlchemy and rich (`once run` never pays for them), and `once
-status` and `once check` not even these: they read the ledger through once.ledger.reads' plain
+status` and `once check` not even these: they read the ledger through once.ledger.fleet's plain
 statements on the driver, the other reports through the named statements of
-once.ledger.queries (they build none); each in one snapshot, and change nothing (except that
+once.ledger.history (they build none); each in one snapshot, and change nothing (except that
 a ledger whose schema is older than this once's is upgraded first, as the next `once run`
 would do; an absent ledger is reported empty, never created).
 
 What the reports call a job's periods, for a job with lag L and a check with --grace G:
 
 * its first period: the one containing `once_jobs.first_period_start` (its earliest claim);
-* a period P is due once the end of P+L plus G has passed (README "Monitoring"), so the latest due
-  period is the one L+1 periods before the period containing now - G;
+* a period P is due once the end of P+L plus G has passed (docs/how-to/monitoring.md), so the
+  latest due period is the one L+1 periods before the period containing now - G;
 * missing: a due period, from the first one on, with no done row, no failed row and no live
   attempt: no row at all, or a running row whose heartbeat is older than the job's
   --stale-after (by the database's clock);
@@ -28,32 +29,47 @@ missing periods.
 The parts, each importing only those above it:
 
 * model: RunRow, JobState, AttemptCounts and the pure rules over them (no database);
-* snapshot: one read-only, consistent snapshot: the survey's (once.ledger.reads, no
+* snapshot: one read-only, consistent snapshot: the survey's (once.ledger.fleet, no
   SQLAlchemy) and the other reads' (SQLAlchemy);
 * survey, attempts: the reads (jobs' states and gaps, timelines; attempts, holders, counts);
-* render: durations in words, table cells, plain and rich tables, `status --json` objects;
+* render: durations in words, table cells (whole and compact), plain tables, `status --json`
+  objects; screen: the tables of a terminal, fitted to its width (rich);
 * check: `once check`'s findings; metrics: `once metrics`' exposition (both pure);
 * commands: the four commands, each one snapshot read, judged and printed.
 
 once.gaps (the gap finder) stays outside: `once run --catchup` imports it, never this package.
 """
 
-from once.report.attempts import attempt_counts, attempt_entries, holders, job_zone
+from once.ledger.rows import RunRow
+from once.messages import say
+from once.report.attempts import (
+    attempt_counts,
+    attempt_entries,
+    fleet_entries,
+    holders,
+    job_zone,
+    period_keys,
+)
 from once.report.check import CRITICAL, OK, SEVERITY, UNKNOWN, WARNING, Finding, findings
-from once.report.commands import check, history, metrics, metrics_text, status
+from once.report.commands import (
+    check,
+    fleet_history,
+    history,
+    metrics,
+    metrics_text,
+    status,
+)
 from once.report.metrics import exposition
 from once.report.model import (
     LIST_LIMIT,
     AttemptCounts,
     JobState,
-    RunRow,
     attempt_entry,
     last_line,
 )
 from once.report.render import (
     age,
     plain_table,
-    say,
     status_cells,
     status_object,
     status_objects,
@@ -62,7 +78,14 @@ from once.report.render import (
     write_line,
 )
 from once.report.snapshot import NoLedger, reading, surveying
-from once.report.survey import oldest_gaps, survey, survey_jobs, timeline_cells
+from once.report.survey import (
+    complete,
+    oldest_gaps,
+    survey,
+    survey_jobs,
+    timeline_cells,
+    timelines,
+)
 
 __all__ = [
     "CRITICAL",
@@ -81,8 +104,11 @@ __all__ = [
     "attempt_entries",
     "attempt_entry",
     "check",
+    "complete",
     "exposition",
     "findings",
+    "fleet_entries",
+    "fleet_history",
     "history",
     "holders",
     "job_zone",
@@ -90,6 +116,7 @@ __all__ = [
     "metrics",
     "metrics_text",
     "oldest_gaps",
+    "period_keys",
     "plain_table",
     "reading",
     "say",
@@ -102,6 +129,7 @@ __all__ = [
     "survey_jobs",
     "surveying",
     "timeline_cells",
+    "timelines",
     "took",
     "write_line",
 ]

@@ -1,22 +1,11 @@
 """`once check`'s findings: what is wrong with each job, as one line each (pure: no database,
 no output).
 
-`once check` lines, one per finding on stdout, most severe first (stable; scripts may parse
-them: the first three fields never contain spaces):
-
-    CRITICAL <job> <period> missing
-    CRITICAL <job> <first>..<last> missing (<n> more periods)
-    CRITICAL <job> <period> failed (attempt <a> of <max>, exit <code>)
-    CRITICAL <job> <period> failed-out (attempt <a> of <max>, exit <code>, no attempts left)
-    CRITICAL <job> <period> stale (owner <o>, attempt <a>, heartbeat <age> ago, stale after <d>)
-    WARNING <job> <period> stale (...)                 (the period is not due yet)
-    CRITICAL <job> - unknown (no run of this job in the ledger)
-    UNKNOWN - - empty (no job has run in the ledger <url>; ...)     (exit 3)
-    OK <n> jobs: every due period done (ledger <url>)  (only when there is no finding)
-
-Text from the ledger is shown through once.escape.shown: a finding is always one line.
-
-A range line follows the first ten listed findings of one kind for one job.
+The lines, one per finding on stdout, most severe first, are a stable format that scripts
+parse (the first three fields never contain spaces): docs/how-to/monitoring.md, "`once
+check`: the gap audit", lists them. Text from the ledger is shown through once.escape.shown,
+so that a finding is always one line; a range line follows the first ten listed findings of
+one kind for one job.
 """
 
 from __future__ import annotations
@@ -27,7 +16,8 @@ from datetime import datetime
 from typing import Any
 
 from once.escape import shown, shown_word
-from once.report.model import LIST_LIMIT, NEVER, JobState, RunRow, rounded
+from once.ledger.rows import RunRow
+from once.report.model import LIST_LIMIT, NEVER, JobState, rounded
 from once.report.render import age
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
@@ -39,7 +29,8 @@ class Finding:
     severity: int
     job: str
     period: str  # a key, FIRST..LAST for a range, or - for the job as a whole
-    problem: str  # missing, failed, failed-out, stale, unknown, unreadable, empty
+    problem: str  # missing, failed, failed-out, stale, overrun, unknown, unreadable, empty,
+    # standby
     detail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     at: datetime = NEVER  # for ordering
@@ -74,6 +65,7 @@ def findings(states: Sequence[JobState]) -> list[Finding]:
         failed = [r for r in s.failed if s.failed_out(r) or s.due(r)]
         found += _capped(s, [_failed_finding(s, r) for r in failed])
         found += _capped(s, [_stale_finding(s, r) for r in s.running if s.is_stale(r)])
+        found += _capped(s, [_overrun_finding(s, r) for r in s.overrunning])
     return found
 
 
@@ -94,11 +86,15 @@ def _missing_findings(s: JobState) -> list[Finding]:
 
 def _failed_finding(s: JobState, r: RunRow) -> Finding:
     out = s.failed_out(r)
-    detail = f"attempt {r.attempt} of {s.max_attempts}, exit {r.exit_code}"
+    detail = f"attempt {r.attempt} of {s.max_attempts}"
+    if r.interrupted:  # not counted against --max-attempts
+        detail += f", {r.interrupted} interrupted"
+    detail += f", exit {r.exit_code}"
     if out:
         detail += ", no attempts left"
     return Finding(CRITICAL, s.name, r.period, "failed-out" if out else "failed", detail,
-                   {"attempt": r.attempt, "max_attempts": s.max_attempts,
+                   {"attempt": r.attempt, "interrupted": r.interrupted,
+                    "max_attempts": s.max_attempts,
                     "exit_code": r.exit_code, "due": s.due(r)}, at=r.period_start)
 
 
@@ -110,6 +106,14 @@ def _stale_finding(s: JobState, r: RunRow) -> Finding:
     return Finding(CRITICAL if due else WARNING, s.name, r.period, "stale", detail,
                    {"owner": r.owner, "attempt": r.attempt,
                     "heartbeat_age_s": rounded(heartbeat_age), "due": due},
+                   at=r.period_start)
+
+
+def _overrun_finding(s: JobState, r: RunRow) -> Finding:
+    running = s.running_for(r)
+    detail = f"owner {r.owner}, attempt {r.attempt}, running {age(running)}"
+    return Finding(CRITICAL, s.name, r.period, "overrun", detail,
+                   {"owner": r.owner, "attempt": r.attempt, "running_s": rounded(running)},
                    at=r.period_start)
 
 

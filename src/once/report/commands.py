@@ -1,4 +1,5 @@
-"""The report commands: `once status`, `once check`, `once history` and `once metrics`, each
+"""The report commands: `once status`, `once check`, `once history` (of a job or of the
+fleet) and `once metrics`, each
 one snapshot of the ledger (once.report.snapshot) read, judged and printed."""
 
 from __future__ import annotations
@@ -7,26 +8,27 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from once.escape import shown
 from once.ledger import Target
-from once.ledger.reads import Snapshot
+from once.ledger.fleet import Snapshot, Standby
+from once.messages import say
 from once.periods import Period
-from once.report.attempts import attempt_counts, attempt_entries
+from once.report.attempts import attempt_counts, attempt_entries, fleet_entries
 from once.report.check import CRITICAL, OK, UNKNOWN, Finding, findings
 from once.report.metrics import exposition
 from once.report.model import JobState
 from once.report.render import (
+    render_fleet_history,
     render_history,
     render_status,
-    say,
     status_objects,
     tty,
     write_line,
 )
 from once.report.snapshot import NoLedger, reading, surveying
-from once.report.survey import survey_jobs, timeline_cells
+from once.report.survey import survey_jobs, timelines
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -38,38 +40,72 @@ def _stored(jobs_named: Sequence[str], namespace: str | None) -> list[str]:
     return [f"{namespace}:{j}" if namespace else j for j in jobs_named]
 
 
+class Loaded(NamedTuple):
+    states: list[JobState]
+    now: datetime
+    drawings: Drawings
+    standby: Standby | None  # the ledger read is a standby's copy
+
+
 def _load(target: Target, names: Sequence[str] | None, namespace: str | None,
-          grace: float = 0.0, timeline: bool = False,
-          last: int | None = None) -> tuple[list[JobState], datetime, Drawings]:
+          grace: float = 0.0, timeline: bool = False, last: int | None = None) -> Loaded:
     """The jobs at the database's now and, with timeline, their timelines: one snapshot."""
     try:
         with surveying(target) as snap:
+            standby = snap.standby()
             states, now = survey_jobs(snap, names, namespace, grace)
-            drawings = ({s.name: timeline_cells(snap, s, last) for s in states}
-                        if timeline else {})
-            return states, now, drawings
+            drawings = timelines(snap, states, last) if timeline else {}
+            return Loaded(states, now, drawings, standby)
     except NoLedger:
-        return [], datetime.now(UTC), {}
+        return Loaded([], datetime.now(UTC), {}, None)
+
+
+# A standby of a busy primary is always some milliseconds behind (the lag is timed by the
+# commits it replayed): `once check` calls it lagging past --grace, and never under a second.
+LAG_FLOOR = 1.0
+
+
+def standby_words(standby: Standby | None) -> str:
+    """How a report names a standby's copy: ' (a standby, 2.5s behind its primary)'."""
+    if standby is None:
+        return ""
+    behind = "how far behind" if standby.lag is None else f"{standby.lag:.1f}s behind"
+    return f" (a standby, {behind} its primary)"
+
+
+def _lagging(standby: Standby | None, grace: float, target: Target) -> Finding | None:
+    """check's UNKNOWN for a standby too far behind to judge by
+    (docs/how-to/high-availability.md)."""
+    bound = max(grace, LAG_FLOOR)
+    if standby is None or (standby.lag is not None and standby.lag <= bound):
+        return None
+    lag = "an unknown time" if standby.lag is None else f"{standby.lag:.1f}s"
+    return Finding(UNKNOWN, "", "-", "standby",
+                   f"the ledger {target.redacted} is a standby {lag} behind its primary, more "
+                   f"than --grace allows ({bound:g}s): what the primary holds since is not "
+                   f"seen; read the primary",
+                   {"replay_lag_s": standby.lag})
 
 
 def status(target: Target, jobs_named: Sequence[str], namespace: str | None,
-           as_json: bool, timeline: bool = False, last: int | None = None) -> int:
+           as_json: bool, timeline: bool = False, last: int | None = None,
+           wide: bool = False) -> int:
     """`once status`: one row per job; --timeline draws each job's recent periods."""
     names = _stored(jobs_named, namespace)
-    states, now, drawings = _load(target, names or None, namespace, timeline=timeline,
-                                  last=last)
+    states, now, drawings, standby = _load(target, names or None, namespace,
+                                           timeline=timeline, last=last)
     unknown = sorted(set(names) - {s.name for s in states})
     if as_json:
         write_line(json.dumps(status_objects(states, drawings if timeline else None,
-                                             target.redacted), indent=2))
+                                             target.redacted, standby), indent=2))
     elif timeline:
         from once.report import timeline as draw
 
         draw.render([(s, drawings.get(s.name, [])) for s in states], tty())
     elif states:
-        render_status(states, now, target)
+        render_status(states, now, target, standby_words(standby), wide)
     elif not unknown:
-        say(f"no jobs in the ledger {target.redacted}"
+        say(f"no jobs in the ledger {target.redacted}{standby_words(standby)}"
             + (f" under namespace {namespace}" if namespace else ""))
     for name in unknown:
         say(f"unknown job {name!r}: no run of it in the ledger {target.redacted}")
@@ -81,8 +117,11 @@ def check(target: Target, jobs_named: Sequence[str], namespace: str | None, grac
     """`once check`: the findings, one a line; exit 0, 1 (WARNING), 2 (CRITICAL) or 3
     (UNKNOWN: no job in the ledger, which is more often the wrong ledger than a quiet one)."""
     names = _stored(jobs_named, namespace)
-    states, _, _ = _load(target, names or None, namespace, grace)
+    states, _, _, standby = _load(target, names or None, namespace, grace)
     found = findings(states)
+    lagging = _lagging(standby, grace, target)
+    if lagging is not None:
+        found.append(lagging)
     for name in sorted(set(names) - {s.name for s in states}):
         found.append(Finding(CRITICAL, name, "-", "unknown", "no run of this job in the ledger"))
     if not states and not names:
@@ -101,7 +140,7 @@ def check(target: Target, jobs_named: Sequence[str], namespace: str | None, grac
     else:
         count = len(states)
         write_line(f"OK {count} job{'' if count == 1 else 's'}: every due period done "
-                   f"(ledger {shown(target.redacted)})")
+                   f"(ledger {shown(target.redacted)}{standby_words(standby)})")
     return worst
 
 
@@ -121,6 +160,23 @@ def history(target: Target, stored_job: str, limit: int, as_json: bool,
         write_line(json.dumps(entries, indent=2))
     else:
         render_history(stored_job, tz, entries)
+    return 0
+
+
+def fleet_history(target: Target, namespace: str | None, limit: int, as_json: bool) -> int:
+    """`once history` without JOB: the latest attempts of every job, newest first."""
+    try:
+        with reading(target) as conn:
+            entries = fleet_entries(conn, target, limit, namespace)
+    except NoLedger:
+        entries = []
+    if as_json:
+        write_line(json.dumps(entries, indent=2))
+    elif entries:
+        render_fleet_history(entries)
+    else:
+        say(f"no attempts in the ledger {target.redacted}"
+            + (f" under namespace {namespace}" if namespace else ""))
     return 0
 
 

@@ -24,13 +24,27 @@ METRICS = [
      "Attempts after the first that were not reruns: retries of a failed attempt and "
      "takeovers of a stale one."),
     ("once_reruns_total", "counter", "Attempts started by once rerun."),
+    ("once_interrupted_total", "counter",
+     "Attempts ended by a SIGTERM, SIGINT or SIGHUP that once forwarded (counted in "
+     "once_runs_total as failed, not against --max-attempts)."),
     ("once_missing_periods", "gauge",
      "Due periods with no done row, no failed row and no live attempt."),
     ("once_failed_periods", "gauge", "Periods whose row is failed."),
     ("once_failed_out_periods", "gauge", "Failed periods with no attempts left."),
     ("once_running_attempts", "gauge", "Running attempts with a fresh heartbeat."),
     ("once_stale_attempts", "gauge", "Running attempts whose heartbeat is stale."),
+    ("once_overrun_attempts", "gauge",
+     "Live attempts that still hold a due period (past its end and --grace): hung runs."),
+    ("once_oldest_running_seconds", "gauge",
+     "How long the job's oldest running attempt has run (0 when none runs)."),
 ]
+
+# Each metric's labels, as _job_samples gives them: `once_job` (not `job`, which Prometheus
+# keeps for the scrape job), and more where named here (docs/reference/metrics.md; the test
+# suite reads a real exposition against it).
+LABELS = {"once_job_info": ("once_job", "kind", "schedule", "tz"),
+          "once_runs_total": ("once_job", "status")}
+JOB_LABEL = ("once_job",)
 
 Sample = tuple[dict[str, str], float]  # (labels, value)
 
@@ -69,11 +83,15 @@ def _job_samples(s: JobState, c: AttemptCounts) -> list[tuple[str, Sample]]:
             ("once_skips_total", (job, max(0, s.fires - c.total))),
             ("once_takeovers_total", (job, c.later)),
             ("once_reruns_total", (job, c.reruns)),
+            ("once_interrupted_total", (job, c.interrupted)),
             ("once_missing_periods", (job, s.missing)),
             ("once_failed_periods", (job, len(s.failed))),
             ("once_failed_out_periods", (job, sum(1 for r in s.failed if s.failed_out(r)))),
             ("once_running_attempts", (job, len(running) - stale)),
-            ("once_stale_attempts", (job, stale))]
+            ("once_stale_attempts", (job, stale)),
+            ("once_overrun_attempts", (job, len(s.overrunning))),
+            ("once_oldest_running_seconds",
+             (job, round(max((s.running_for(r) for r in running), default=0.0), 3)))]
     return out
 
 

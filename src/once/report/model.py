@@ -1,27 +1,31 @@
-"""What the reports know about a job and its rows (RunRow, JobState, AttemptCounts), and the
-pure rules that read them: which rows are due, stale or failed out, a timeline cell's state, an
-attempt's history entry, an output's last line.
+"""What the reports know about a job (JobState, AttemptCounts) over its rows (once.ledger.rows'
+RunRow), and the pure rules that read them: which rows are due, stale or failed out, a
+timeline cell's state, an attempt's history entry, an output's last line.
 
 No database and no output here: the standard library, once.periods and once.ledger's
-from_db_time only, so that the rules can be tested without a ledger.
+from_db_time and rows only, so that the rules can be tested without a ledger.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, tzinfo
+from typing import TYPE_CHECKING, Any
 
 from once.ledger import from_db_time
+from once.ledger.rows import JobRow, RunRow, TimelineRow
+from once.outcomes import attempts_left
 from once.periods import Period, Schedule, iso, utc_instant
+
+if TYPE_CHECKING:
+    from once.ledger.history import AttemptRow
 
 LIST_LIMIT = 10  # findings (missing keys, failed periods) listed one by one per job and kind
 
 NEVER = datetime.min.replace(tzinfo=UTC)
 
-# How many periods --timeline shows by default, per spec.
-DEFAULT_LAST = {"minute": 180, "hour": 168, "day": 91, "week": 52, "month": 24,
-                "quarter": 12, "year": 10}
+CRON_LAST = 60  # how many periods --timeline shows of a cron job by default (a unit's: its own)
 MAX_LAST = 20_000
 
 
@@ -30,60 +34,16 @@ def rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-@dataclass(frozen=True)
-class RunRow:
-    """A row of once_runs."""
-
-    job: str
-    period: str
-    status: str
-    attempt: int
-    fence: int
-    owner: str
-    period_start: datetime
-    period_end: datetime
-    started_at: datetime
-    heartbeat_at: datetime
-    finished_at: datetime | None
-    exit_code: int | None
-    stale_after: float = 300.0  # the owner's promise: a running row is stale past it
-
-    @classmethod
-    def of(cls, row: Any) -> RunRow:
-        """A row with once_runs' column names as attributes (SQLAlchemy's, once.ledger.reads')."""
-        at = from_db_time
-        return cls(row.job, row.period, row.status, row.attempt, row.fence, row.owner,
-                   at(row.period_start), at(row.period_end), at(row.started_at),
-                   at(row.heartbeat_at),
-                   at(row.finished_at) if row.finished_at is not None else None,
-                   row.exit_code, float(row.stale_after))
-
-    @property
-    def duration(self) -> float | None:
-        if self.finished_at is None:
-            return None
-        return (self.finished_at - self.started_at).total_seconds()
-
-
 # A missing unit: a period (or, with --shards, one shard of it), as (its start, its key).
 Unit = tuple[datetime, str]
 
 
 @dataclass
-class JobState:
-    """One job as the reports see it at `now`."""
+class JobState(JobRow):
+    """One job as the reports see it at `now`: its once_jobs row (shards: at least 1;
+    no_overlap: its latest claim's --no-overlap) and what the survey worked out and read."""
 
-    name: str
-    kind: str
-    spec: str
-    tz: str
-    lag: int
-    max_attempts: int
-    stale_after: float
-    fires: int
-    first_period_start: datetime
     now: datetime
-    shards: int = 1
     sched: Schedule | None = None
     error: str = ""  # the stored schedule cannot be rebuilt here (an unknown zone, say)
     first: Period | None = None
@@ -93,21 +53,45 @@ class JobState:
     next_at: datetime | None = None  # ... from this instant on
     expected: int | None = 0  # due periods from the first on (None: cron, not counted)
     done_due: int = 0
+    current_done: int = 0  # done rows of the current period (with --shards, of its shards)
     last_done: RunRow | None = None
     open_rows: list[RunRow] = field(default_factory=list)  # running and failed rows
     no_row: int = 0  # due periods without any row
     no_row_listed: list[Unit] = field(default_factory=list)  # the first LIST_LIMIT + 1
     no_row_last: Unit | None = None
     no_row_at_least: bool = False  # no_row is a lower bound (a cron job's huge gap)
+    detailed: bool = False  # its latest done row, failures' lines, missing keys are read
     # The last line of output of the failed rows listed (by period; None: nothing stored).
     failure_lines: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.job
+
+    @property
+    def spec(self) -> str:
+        return self.schedule
+
+    @property
+    def counted_end(self) -> datetime | None:
+        """Where the count of missing periods ends: the due range's end, or with --no-overlap
+        the end of a due period a live attempt holds (no claim could take a later period
+        while it runs; once it ends they are missing until a catch-up makes them up)."""
+        if self.due_last is None:
+            return None
+        end = utc_instant(self.due_last.end)
+        if self.no_overlap:
+            held = [r.period_end for r in self.running
+                    if not self.is_stale(r) and r.period_end < end]
+            end = min([end, *held])
+        return end
 
     @property
     def schedule_text(self) -> str:
         return f"every {self.spec}" if self.kind == "every" else f"cron {self.spec}"
 
     @property
-    def zone(self) -> Any:
+    def zone(self) -> tzinfo:
         return self.sched.tz if self.sched else UTC
 
     def due(self, row: RunRow) -> bool:
@@ -122,6 +106,18 @@ class JobState:
         """Judged by the row's own promise (its owner's --stale-after), as a takeover is."""
         return row.status == "running" and self.heartbeat_age(row) > row.stale_after
 
+    def overruns(self, row: RunRow) -> bool:
+        """A live attempt still holds a due period (past its end and --grace): a hung or
+        slow run, which no heartbeat makes right."""
+        return row.status == "running" and not self.is_stale(row) and self.due(row)
+
+    def running_for(self, row: RunRow) -> float:
+        return (self.now - row.started_at).total_seconds()
+
+    @property
+    def overrunning(self) -> list[RunRow]:
+        return [r for r in self.running if self.overruns(r)]
+
     @property
     def running(self) -> list[RunRow]:
         return [r for r in self.open_rows if r.status == "running"]
@@ -130,8 +126,12 @@ class JobState:
     def failed(self) -> list[RunRow]:
         return [r for r in self.open_rows if r.status == "failed"]
 
+    def attempts_left(self, row: RunRow) -> int:
+        """The attempts a failed row has left (once.outcomes.attempts_left)."""
+        return attempts_left(row.attempt, row.interrupted, self.max_attempts)
+
     def failed_out(self, row: RunRow) -> bool:
-        return row.status == "failed" and row.attempt >= self.max_attempts
+        return row.status == "failed" and self.attempts_left(row) == 0
 
     @property
     def listed_failures(self) -> list[RunRow]:
@@ -146,6 +146,23 @@ class JobState:
         """The failed row that finished last."""
         return max(self.failed, key=lambda r: (r.finished_at or NEVER, r.period_start),
                    default=None)
+
+    @property
+    def current_state(self) -> str | None:
+        """The period `once run` claims now: done, stale, failed, running or not-run (with
+        --shards, the worst of its shards'); None without a schedule."""
+        if self.current is None:
+            return None
+        if self.current_done >= self.shards:
+            return "done"
+        start = utc_instant(self.current.start)
+        rows = [r for r in self.open_rows if r.period_start == start]
+        if any(self.is_stale(r) for r in rows):
+            return "stale"
+        for status in ("failed", "running"):
+            if any(r.status == status for r in rows):
+                return status
+        return "not-run"
 
     @property
     def stale_due(self) -> list[RunRow]:
@@ -177,6 +194,7 @@ class AttemptCounts:
     by_status: dict[str, int] = field(default_factory=dict)
     later: int = 0  # attempts after the first without a rerun reason: retries, takeovers
     reruns: int = 0
+    interrupted: int = 0  # attempts whose outcome is interrupted (a forwarded signal)
 
     @property
     def total(self) -> int:
@@ -184,16 +202,13 @@ class AttemptCounts:
 
 
 def default_last(s: JobState) -> int:
-    """How many periods `once status --timeline` shows when --last is not given."""
-    if s.kind != "every":
-        return 60
-    if s.spec in DEFAULT_LAST:
-        return DEFAULT_LAST[s.spec]
-    n, unit = int(s.spec[:-1]), s.spec[-1]
-    return 7 * 24 // n if unit == "h" else 6 * 60 // n
+    """How many periods `once status --timeline` shows when --last is not given: the period
+    unit's record says (once.units; a spec is never parsed here again)."""
+    unit = None if s.sched is None else s.sched.unit
+    return CRON_LAST if unit is None else unit.last
 
 
-def period_state(s: JobState, period: Period, rows: list[Any]) -> str:
+def period_state(s: JobState, period: Period, rows: Sequence[TimelineRow]) -> str:
     """A timeline cell: the period's state from its once_runs rows (status, heartbeat_at,
     stale_after); with --shards, the worst of its shards' (a shard without a row is missing
     once the period is due)."""
@@ -229,7 +244,8 @@ def last_line(output: str | None) -> str | None:
     return None
 
 
-def attempt_entry(row: Any, holder: RunRow | None, now: datetime, tz: Any) -> dict[str, Any]:
+def attempt_entry(row: AttemptRow, holder: RunRow | None, now: datetime,
+                  tz: tzinfo) -> dict[str, Any]:
     """An attempt (a once_attempts row with its output's end) as `once history --json` shows
     it; holder, the period's once_runs row, tells a live attempt from an abandoned one."""
     started = from_db_time(row.started_at)

@@ -1,19 +1,21 @@
-"""How the reports show what they read: durations in words, the status table's cells, the
-history's rows, plain tables for pipes and rich tables for terminals (rich is imported only
-when one is drawn), and the objects of `once status --json`.
+"""How the reports show what they read: durations in words, the status table's cells (whole,
+or compact for a narrow terminal), the history's rows, plain tables for pipes (a terminal's
+are once.report.screen's, with rich), and the objects of `once status --json`.
 
 Text from the ledger goes through once.escape.shown: a cell never holds a control character.
 """
 
 from __future__ import annotations
 
+import re
 import sys
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Callable, Sequence
+from datetime import UTC, date, datetime
 from typing import Any
 
 from once.escape import shown
 from once.ledger import Target
+from once.ledger.fleet import Standby
 from once.periods import Period, iso
 from once.report.model import LIST_LIMIT, JobState, rounded
 
@@ -24,10 +26,6 @@ def tty() -> bool:
 
 def write_line(text: str) -> None:
     sys.stdout.write(text + "\n")
-
-
-def say(message: str) -> None:
-    print(f"once: {shown(message)}", file=sys.stderr)
 
 
 def age(seconds: float) -> str:
@@ -55,14 +53,27 @@ def took(seconds: float | None) -> str:
 Cell = tuple[str, str]  # (text, rich style; "" for none)
 
 STATUS_HEADERS = ["JOB", "SCHEDULE", "TZ", "LAST DONE", "FINISHED", "TOOK", "RUNNING",
-                  "FAILED", "MISSING", "NEXT"]
+                  "FAILED", "MISSING", "NOW", "NEXT"]
+
+# The current period's state (JobState.current_state) in the NOW column, and its style.
+NOW_WORDS = {"done": ("done", "green"), "running": ("running", "cyan"),
+             "stale": ("stale", "bold yellow"), "failed": ("failed", "bold red"),
+             "not-run": ("not run", "")}
 
 
-def status_cells(s: JobState, now: datetime) -> list[Cell]:
-    """One row of the status table."""
+def status_cells(s: JobState, now: datetime, compact: bool = False) -> list[Cell]:
+    """One row of the status table; compact: the terminal's short forms (period keys as
+    short_key gives them, NOW without its key)."""
     if s.sched is None:
-        return [(s.name, "bold"), (s.schedule_text, ""), (s.tz, ""),
-                (f"cannot read the schedule: {s.error}", "red"), *[("", "")] * 6]
+        return [(s.name, "bold"), (s.spec if compact else s.schedule_text, ""), (s.tz, ""),
+                (f"cannot read the schedule: {s.error}", "red"), *[("", "")] * 7]
+
+    def key(text: str) -> str:
+        return short_key(text, now.astimezone(s.zone).date()) if compact else text
+
+    def ago(seconds: float) -> str:  # compact: 1h26m, not 1h 26m
+        return age(seconds).replace(" ", "") if compact else age(seconds)
+
     last = s.last_done
     failed = s.failed
     out = sum(1 for r in failed if s.failed_out(r))
@@ -72,44 +83,84 @@ def status_cells(s: JobState, now: datetime) -> list[Cell]:
     keys = s.missing_keys(1)
     missing_text = str(missing) + ("+" if s.no_row_at_least else "")
     if keys:
-        missing_text += f" from {keys[0]}"
+        missing_text += f" from {key(keys[0])}"
     next_text = "-"
     if s.next is not None and s.next_at is not None:
-        next_text = f"{s.next.key} in {age((s.next_at - now).total_seconds())}"
+        next_text = f"{key(s.next.key)} in {ago((s.next_at - now).total_seconds())}"
     return [
         (s.name, "bold"),
-        (s.schedule_text, ""),
+        ((s.spec if s.kind == "every" else s.schedule_text) if compact else s.schedule_text,
+         ""),
         (s.tz, ""),
-        (last.period if last else "never", "green" if last else "yellow"),
-        (f"{age((now - last.finished_at).total_seconds())} ago"
+        (key(last.period) if last else "never", "green" if last else "yellow"),
+        (f"{ago((now - last.finished_at).total_seconds())} ago"
          if last and last.finished_at else "-", ""),
         (took(last.duration) if last else "-", ""),
-        _running_cell(s),
+        _running_cell(s, key),
         failed_cell,
         (missing_text, "bold red" if missing else ""),
+        _now_cell(s, compact),
         (next_text, ""),
     ]
 
 
-def _running_cell(s: JobState) -> Cell:
+def _now_cell(s: JobState, compact: bool) -> Cell:
+    word, style = NOW_WORDS.get(s.current_state or "", ("-", ""))
+    if s.current_state == "not-run" and s.current_done:  # some of its shards are done
+        word = f"{s.current_done}/{s.shards} done"
+    if compact or s.current is None:
+        return (word, style)
+    return (f"{s.current.key} {word}", style)
+
+
+def short_key(key: str, today: date) -> str:
+    """A period key as the terminal's compact table shows it: without its year in the year
+    of `today` (the job's date now), a time of day alone on `today` itself, without its UTC
+    offset (`22:00`, `11-29 22:00`, `11-28`, `2025-12-31`); weeks, months and the rest as
+    they are. A shard's suffix stays."""
+    found = _DAY_KEY.fullmatch(key)
+    if found is None:
+        return key
+    year, month, day, clock, shard = found.groups()
+    ymd = (int(year), int(month), int(day))
+    text = f"{month}-{day}" if ymd[0] == today.year else f"{year}-{month}-{day}"
+    if clock is not None:
+        text = clock if ymd == (today.year, today.month, today.day) else f"{text} {clock}"
+    return text + (shard or "")
+
+
+_DAY_KEY = re.compile(r"(\d{4})-(\d\d)-(\d\d)(?:T(\d\d:\d\d)(?:[+-]\d\d:\d\d|Z))?(#\d+)?")
+
+
+def _running_cell(s: JobState, key: Callable[[str], str] = str) -> Cell:
     """The latest running attempt (and how many more), yellow when one is stale."""
     running = s.running
     if not running:
         return ("-", "")
     r = running[-1]
-    text = (f"{r.period} {r.owner} #{r.attempt}, beat {age(s.heartbeat_age(r))} ago"
-            + (" STALE" if s.is_stale(r) else ""))
+    text = (f"{key(r.period)} {r.owner} #{r.attempt}, beat {age(s.heartbeat_age(r))} ago"
+            + (" STALE" if s.is_stale(r) else "")
+            + (f" OVERRUN {age(s.running_for(r))}" if s.overruns(r) else ""))
     if len(running) > 1:
         text += f" (+{len(running) - 1})"
+    if s.overrunning:
+        return (text, "bold red")
     return (text, "bold yellow" if any(s.is_stale(x) for x in running) else "cyan")
 
 
-def render_status(states: Sequence[JobState], now: datetime, target: Target) -> None:
-    rows = [status_cells(s, now) for s in states]
-    caption = f"ledger: {target.redacted}"  # which ledger: the wrong one looks empty or stale
+def render_status(states: Sequence[JobState], now: datetime, target: Target,
+                  standby: str = "", wide: bool = False) -> None:
+    """The status table: in a pipe plain and whole; on a terminal fitted to its width
+    (once.report.screen) unless wide. standby: how the ledger read is a standby's copy
+    ('' for a primary's)."""
+    # which ledger: the wrong one (or a standby far behind) looks empty or stale
+    caption = f"ledger: {target.redacted}{standby}"
     if tty():
-        render_rich(STATUS_HEADERS, rows, caption=caption)
+        from once.report import screen
+
+        screen.status_table(states, now, caption, wide)
     else:
+        rows = [status_cells(s, now) for s in states]
         write_line(plain_table(STATUS_HEADERS, rows) + "\n\n" + shown(caption))
 
 
@@ -122,31 +173,83 @@ _HISTORY_STYLE = {"done": "green", "failed": "bold red", "timed-out": "bold red"
                   "running": "cyan", "taken-over": "yellow"}
 
 
-def history_cells(e: dict[str, Any]) -> list[Cell]:
-    """One row of the history table, from an entry of `once history --json`."""
+def history_cells(e: dict[str, Any], compact: bool = False) -> list[Cell]:
+    """One row of the history table, from an entry of `once history --json`; compact: the
+    period and the times short (short_key; a time of today alone), for a narrow terminal."""
+    today = _today(e["started_at"])
 
     def local(text: str | None) -> str:
-        return text[:19].replace("T", " ") if text else "-"
+        if not text:
+            return "-"
+        if not compact:
+            return text[:19].replace("T", " ")
+        at = datetime.fromisoformat(text)
+        return at.strftime("%H:%M:%S" if at.date() == today else "%m-%d %H:%M")
 
     style = _HISTORY_STYLE.get(
         e["status"] if e["outcome"] in PLAIN_OUTCOMES else e["outcome"], "")
-    return [(e["period"], ""), (str(e["attempt"]), ""), (str(e["fence"]), ""),
+    return [(short_key(e["period"], today) if compact else e["period"], ""),
+            (str(e["attempt"]), ""), (str(e["fence"]), ""),
             (e["owner"], ""), (local(e["started_at"]), ""), (local(e["finished_at"]), ""),
             (took(e["duration_s"]), ""), (status_word(e), style),
             ("-" if e["exit_code"] is None else str(e["exit_code"]), ""),
             (e["reason"] or "", ""), (e["last_line"] or "", "")]
 
 
+def _today(instant: str) -> date:
+    """The date now in the zone (the offset) an entry's times are shown in."""
+    return datetime.now(UTC).astimezone(datetime.fromisoformat(instant).tzinfo).date()
+
+
+# The columns a narrow terminal loses first (docs/reference/commands.md "once history"), job's
+# and fleet's.
+HISTORY_DROP = ("FENCE", "FINISHED", "REASON", "OWNER", "TOOK", "ATTEMPT")
+FLEET_DROP = ("OWNER", "TOOK", "ATTEMPT", "EXIT")
+
+
 def render_history(job: str, tz: str, entries: list[dict[str, Any]]) -> None:
-    rows = [history_cells(e) for e in entries]
     headers = [*HISTORY_HEADERS]
     headers[4] = f"STARTED ({tz})"
     if tty():
-        render_rich(headers, rows, title=job, cut=len(headers) - 1)
-    else:
-        for row in rows:
-            row[-1] = (cut_short(row[-1][0], PLAIN_LAST_LINE), "")
-        write_line(plain_table(headers, rows))
+        from once.report import screen
+
+        screen.print_fitted(headers, [history_cells(e) for e in entries],
+                            [history_cells(e, compact=True) for e in entries], HISTORY_DROP,
+                            title=job, cut=len(headers) - 1)
+        return
+    rows = [history_cells(e) for e in entries]
+    for row in rows:
+        row[-1] = (cut_short(row[-1][0], PLAIN_LAST_LINE), "")
+    write_line(plain_table(headers, rows))
+
+
+FLEET_HEADERS = ["JOB", "PERIOD", "ATTEMPT", "OWNER", "STARTED (UTC)", "TOOK", "STATUS",
+                 "EXIT", "LAST LINE"]
+
+
+def fleet_cells(e: dict[str, Any], compact: bool = False) -> list[Cell]:
+    """One row of `once history` without JOB: the job's history row with fewer columns, its
+    start in UTC (the jobs' zones differ)."""
+    cells = history_cells(e, compact)
+    started = datetime.fromisoformat(e["started_at"]).astimezone(UTC)
+    form = ("%H:%M:%S" if started.date() == datetime.now(UTC).date() else "%m-%d %H:%M"
+            ) if compact else "%Y-%m-%d %H:%M:%S"
+    return [(e["job"], "bold"), cells[0], cells[1], cells[3], (started.strftime(form), ""),
+            *cells[6:9], cells[10]]
+
+
+def render_fleet_history(entries: list[dict[str, Any]]) -> None:
+    if tty():
+        from once.report import screen
+
+        screen.print_fitted(FLEET_HEADERS, [fleet_cells(e) for e in entries],
+                            [fleet_cells(e, compact=True) for e in entries], FLEET_DROP,
+                            job_column=0, cut=len(FLEET_HEADERS) - 1)
+        return
+    rows = [fleet_cells(e) for e in entries]
+    for row in rows:
+        row[-1] = (cut_short(row[-1][0], PLAIN_LAST_LINE), "")
+    write_line(plain_table(FLEET_HEADERS, rows))
 
 
 def cut_short(text: str, width: int) -> str:
@@ -173,45 +276,19 @@ def plain_table(headers: Sequence[str], rows: Sequence[Sequence[Cell]]) -> str:
                      .rstrip() for row in table)
 
 
-def render_rich(headers: Sequence[str], rows: Sequence[Sequence[Cell]], title: str = "",
-                caption: str = "", cut: int | None = None) -> None:
-    """A table for the terminal; the column numbered `cut` is one line each, cut short
-    (…) to what the terminal's width leaves it, where the others fold."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    console = Console(highlight=False)
-    cells = [[shown(text) for text, _ in row] for row in rows]
-    # Text objects, never strings: rich would read a job named `x[/]y` or `[link=…]` as markup.
-    table = Table(box=box.SIMPLE_HEAD, title=Text(shown(title)) if title else None,
-                  caption=Text(shown(caption)) if caption else None,
-                  header_style="bold", title_justify="left", caption_justify="left")
-    for number, header in enumerate(headers):
-        if number == cut:
-            others = sum(max([len(header_), *(len(row[i]) for row in cells)]) + 3
-                         for i, header_ in enumerate(headers) if i != cut)
-            table.add_column(Text(header), overflow="ellipsis", no_wrap=True,
-                             max_width=max(len(header), console.width - others - 4))
-        else:
-            table.add_column(Text(header), overflow="fold")
-    for row, texts in zip(rows, cells, strict=True):
-        table.add_row(*[Text(text, style=style)
-                        for text, (_, style) in zip(texts, row, strict=True)])
-    console.print(table)
-
-
 def status_objects(states: Sequence[JobState],
                    drawings: dict[str, list[tuple[Period, str]]] | None = None,
-                   ledger: str | None = None) -> list[dict[str, Any]]:
+                   ledger: str | None = None,
+                   standby: Standby | None = None) -> list[dict[str, Any]]:
     """The array `once status --json` prints; with drawings, each job's `timeline` too;
-    with ledger (a redacted URL), the ledger read, in each object."""
+    with ledger (a redacted URL), the ledger read, and whether it is a standby's copy, in
+    each object."""
     out = []
     for s in states:
         obj = status_object(s)
         if ledger is not None:
             obj["ledger"] = ledger
+            obj["standby"] = None if standby is None else {"replay_lag_s": standby.lag}
         if drawings is not None:
             obj["timeline"] = [{"period": p.key, "start": iso(p.start), "state": cell}
                                for p, cell in drawings.get(s.name, [])]
@@ -241,6 +318,7 @@ def status_object(s: JobState) -> dict[str, Any]:
         "missing_last": s.last_missing,
         "due_through": s.due_last.key if s.due_last else None,
         "current": s.current.key if s.current else None,
+        "current_state": s.current_state,
         "next": s.next.key if s.next else None,
         "next_at": _local(s, s.next_at),
         "fires": s.fires,
@@ -260,15 +338,16 @@ def _open_rows_object(s: JobState) -> dict[str, Any]:
             {"period": r.period, "attempt": r.attempt, "fence": r.fence, "owner": r.owner,
              "started_at": _local(s, r.started_at), "heartbeat_at": _local(s, r.heartbeat_at),
              "heartbeat_age_s": rounded(s.heartbeat_age(r)), "stale": s.is_stale(r),
-             "stale_after_s": r.stale_after, "due": s.due(r)}
+             "stale_after_s": r.stale_after, "due": s.due(r), "overrun": s.overruns(r),
+             "running_s": rounded(s.running_for(r))}
             for r in s.running
         ],
         "failed": len(s.failed),
         "failed_out": sum(1 for r in s.failed if s.failed_out(r)),
         "failed_periods": [
-            {"period": r.period, "attempt": r.attempt, "exit_code": r.exit_code,
-             "finished_at": _local(s, r.finished_at),
-             "attempts_left": max(0, s.max_attempts - r.attempt),
+            {"period": r.period, "attempt": r.attempt, "interrupted": r.interrupted,
+             "exit_code": r.exit_code, "finished_at": _local(s, r.finished_at),
+             "attempts_left": s.attempts_left(r),
              "due": s.due(r), "last_line": s.failure_lines.get(r.period)}
             for r in s.failed[:LIST_LIMIT]
         ],

@@ -1,6 +1,6 @@
 """Reading one snapshot of the ledger: `surveying` for the survey of `once status` and
-`once check` (once.ledger.reads, plain SQL on the driver: no SQLAlchemy), `reading` for the
-reports that read through once.ledger.queries (SQLAlchemy: history, metrics' attempt counts),
+`once check` (once.ledger.fleet, plain SQL on the driver: no SQLAlchemy), `reading` for the
+reports that read through once.ledger.history (SQLAlchemy: history, metrics' attempt counts),
 each one read-only connection in one consistent transaction.
 
 An absent ledger (no SQLite file, no tables) is NoLedger, never created; a ledger whose schema
@@ -9,13 +9,12 @@ is older than this once's is upgraded first, as the next `once run` would do.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
-from once.ledger import LedgerError, Target, describe
-from once.ledger.reads import NoLedger, Snapshot
+from once.ledger import LedgerError, Target, describe, dialects, newer_schema
+from once.ledger.fleet import NoLedger, Snapshot
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -37,24 +36,22 @@ def reading(target: Target) -> Iterator[Connection]:
     """
     from sqlalchemy.exc import SQLAlchemyError
 
-    from once.ledger import queries
+    from once.ledger import engines
     from once.ledger import schema as tables
-    from once.ledger.engines import report_engine
 
-    if target.dialect == "sqlite" and not os.path.exists(target.path):
+    if dialects.of(target).absent(target):
         raise NoLedger  # connecting would create an empty file
-    try:
-        eng = report_engine(target)
-    except ValueError as exc:  # SQLAlchemy cannot read the URL that once's parser took
-        raise LedgerError(f"cannot read the ledger {target.redacted}: {describe(exc)}") from exc
+    eng = engines.report_engine(target)  # it connects as `once run` does, and only when asked
     yielded = False
     try:
         for tries in (1, 2):
             with eng.connect() as conn:
-                if target.dialect != "sqlite":
-                    conn = conn.execution_options(isolation_level="REPEATABLE READ")
+                conn = conn.execution_options(**dialects.of(target).snapshot_options(False))
                 with conn.begin():
-                    if tries == 2 or queries.schema_version(conn) >= tables.SCHEMA_VERSION:
+                    version = engines.schema_version(conn)
+                    if version > tables.SCHEMA_VERSION:
+                        raise newer_schema(version)
+                    if tries == 2 or version == tables.SCHEMA_VERSION:
                         yielded = True
                         yield conn
                         return
@@ -64,7 +61,7 @@ def reading(target: Target) -> Iterator[Connection]:
             raise
         raise LedgerError(f"cannot read the ledger {target.redacted}: {describe(exc)}") from exc
     except SQLAlchemyError as exc:
-        if queries.is_missing_table(target, exc):
+        if engines.is_missing_table(target, exc):
             raise NoLedger from None
         raise LedgerError(
             f"cannot read the ledger {target.redacted}: {describe(exc.orig or exc)}"

@@ -1,10 +1,11 @@
 """`once status JOB --timeline`: a job's recent periods drawn as cells (a report module).
 
-Layouts: a calendar grid for daily jobs (a column per week, a row per weekday, like a
-contribution graph), a row per local day for hour and Nh jobs, a row per local hour for minute
-and Nm jobs, and a strip of cells wrapped into lines for the rest (week, month, quarter, year,
-cron). Cells sit at their wall-clock slot, so a day that skips an hour for DST shows a blank
-cell and a day that repeats one shows an extra cell.
+Layouts, as the period unit's record says (once.units): a calendar grid for daily jobs (a
+column per week, a row per weekday, like a contribution graph), a row per local day for hour
+and Nh jobs, a row per local hour for minute and Nm jobs, and a strip of cells wrapped into
+lines for the rest (week, month, quarter, year, cron). Cells sit at their wall-clock slot,
+so a day that skips an hour for DST shows a blank cell and a day that repeats one shows an
+extra cell.
 
 In a pipe the cells are plain symbols; on a terminal, coloured glyphs (rich).
 """
@@ -14,10 +15,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from datetime import date, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from once.escape import shown
-from once.periods import Period
+from once.periods import Period, Schedule
+from once.units import DAYS, GRID, HOURS
 
 if TYPE_CHECKING:
     from once.report.model import JobState
@@ -39,7 +41,7 @@ Line = list[Segment]
 
 WEEKDAYS = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
-STRIP_WIDTH = {"week": 52, "month": 12, "quarter": 4, "year": 10}
+CRON_STRIP = 60  # a cron job's cells a line (a unit's: its record's)
 
 
 def render(jobs: Sequence[tuple[JobState, list[tuple[Period, str]]]], tty: bool) -> None:
@@ -74,14 +76,7 @@ def draw(s: JobState, cells: list[tuple[Period, str]], tty: bool) -> list[Line]:
     title: Line = [(s.name, "bold"), (f"  {s.schedule_text}, {s.tz}  ", ""),
                    (f"{cells[0][0].key} .. {cells[-1][0].key}", ""),
                    (f"  ({len(cells)} period{'' if len(cells) == 1 else 's'}: {summary})", "")]
-    if s.kind == "every" and s.spec == "day":
-        body = _calendar(cells, tty)
-    elif s.kind == "every" and (s.spec == "hour" or s.spec.endswith("h")):
-        body = _rows(cells, tty, by_day=True, unit=_minutes(s.spec))
-    elif s.kind == "every" and (s.spec == "minute" or s.spec.endswith("m")):
-        body = _rows(cells, tty, by_day=False, unit=_minutes(s.spec))
-    else:
-        body = _strip(cells, tty, STRIP_WIDTH.get(s.spec, 60) if s.kind == "every" else 60)
+    body = _body(s.sched, cells, tty)
     legend: Line = []
     for state in LEGEND:
         legend += [_glyph(state, tty), (f" {STATES[state][3]}   ", "")]
@@ -93,10 +88,18 @@ def _glyph(state: str, tty: bool) -> Segment:
     return (glyph, style) if tty else (plain, "")
 
 
-def _minutes(spec: str) -> int:
-    if spec in ("minute", "hour"):
-        return 1 if spec == "minute" else 60
-    return int(spec[:-1]) * (60 if spec.endswith("h") else 1)
+def _body(sched: Schedule, cells: list[tuple[Period, str]], tty: bool) -> list[Line]:
+    """The layout the period unit's record names (never the spec parsed again): a calendar
+    for days, a row per day or per hour, a strip for the rest and for cron."""
+    unit = sched.unit
+    if unit is None:
+        return _strip(cells, tty, CRON_STRIP)
+    if unit.timeline == GRID:
+        return _calendar(cells, tty)
+    if unit.timeline in (DAYS, HOURS):
+        return _rows(cells, tty, by_day=unit.timeline == DAYS,
+                     unit=unit.length // timedelta(minutes=1))
+    return _strip(cells, tty, unit.strip)
 
 
 def _calendar(cells: list[tuple[Period, str]], tty: bool) -> list[Line]:
@@ -184,7 +187,3 @@ def _strip(cells: list[tuple[Period, str]], tty: bool, per_line: int) -> list[Li
         lines.append(line)
     return lines
 
-
-def symbols() -> dict[str, Any]:
-    """The plain symbol of each state (documentation and tests)."""
-    return {state: value[0] for state, value in STATES.items()}

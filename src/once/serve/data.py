@@ -14,22 +14,22 @@ The data come from once.report's functions, so that the pages say what the comma
 
 from __future__ import annotations
 
-import os
-import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qs
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from once import report
-from once.ledger import LedgerError, Target, describe, queries
+from once.ledger import LedgerError, Target, describe, dialects, engines, newer_schema
 from once.ledger import schema as tables
 from once.ledger.engines import serve_engine
-from once.ledger.reads import NoLedger, Snapshot
+from once.ledger.fleet import NoLedger, Snapshot, Standby
+from once.ledger.watchdog import ReadWatchdog
 from once.periods import Period
 
 STRIP = 30  # periods in each job's strip on the overview
@@ -42,7 +42,9 @@ class Fleet:
     now: datetime
     states: list[report.JobState] = field(default_factory=list)
     strips: dict[str, list[tuple[Period, str]]] = field(default_factory=dict)
+    shown: list[report.JobState] | None = None  # the jobs pick picked (None: no pick)
     metrics: str = ""
+    standby: Standby | None = None  # the ledger read is a standby's copy
 
 
 @dataclass
@@ -57,16 +59,36 @@ class JobPage:
     entries: list[dict[str, Any]]
 
 
+@dataclass
+class Output:
+    """One attempt for `/logs/NAME`: as `once logs --json` has it, and its stored output."""
+
+    now: datetime
+    entry: dict[str, Any]
+    output: str | None
+
+
+Pick = Callable[[list[report.JobState]], list[report.JobState]]
+
+
 def read_fleet(target: Target, namespace: str | None, timeout: float,
-               strips: bool = True, metrics: bool = False) -> Fleet:
+               strips: bool = True, metrics: bool = False, pick: Pick | None = None) -> Fleet:
+    """Every job's state; with strips, the timelines of those pick picks (every job's
+    without it: a page of thousands of jobs shows a hundred)."""
     try:
         with read_only(target, timeout) as conn:
             snap = Snapshot.over(conn, target)
-            states, now = report.survey_jobs(snap, None, namespace)
-            fleet = Fleet(now, states)
+            standby = snap.standby()
+            # A page reads the detail of the jobs it shows alone (the verdicts of the others
+            # need only their counts), and their strips in one read.
+            detail = not strips or pick is None
+            states, now = report.survey_jobs(snap, None, namespace, detail=detail)
+            fleet = Fleet(now, states, standby=standby)
             if strips:
-                fleet.strips = {s.name: report.timeline_cells(snap, s, STRIP)
-                                for s in states}
+                shown = pick(states) if pick else states
+                fleet.shown = shown if pick else None
+                report.complete(snap, shown)
+                fleet.strips = report.timelines(snap, shown, STRIP)
             if metrics:
                 fleet.metrics = report.metrics_text(conn, states)
             return fleet
@@ -92,29 +114,67 @@ def read_job(target: Target, name: str, timeout: float, limit: int = 100) -> Job
     return JobPage(now, state, cells, verdict, tz, entries)
 
 
+def output_wanted(query: str) -> tuple[str | None, int | None, str | None]:
+    """/logs/NAME's query, ?period=P&attempt=N: the period and the attempt's number (None
+    for the latest), and a sentence when the number is none."""
+    given = {k: v[-1] for k, v in parse_qs(query).items()}
+    number = given.get("attempt", "")
+    attempt = int(number) if number.isascii() and number.isdigit() and 0 < len(
+        number) < 10 else None
+    period = given.get("period") or None
+    # a NUL, which PostgreSQL refuses to be asked for, is in no ledger
+    unstored = period is not None and not (period.isprintable() and len(period) <= 200)
+    refused = "no such attempt" if (number and attempt is None) or unstored else None
+    return period, attempt, refused
+
+
+def read_output(target: Target, name: str, period: str | None, attempt: int | None,
+                timeout: float) -> Output | str:
+    """An attempt's output, as `once logs` finds it; a sentence when there is none (an
+    unknown job, period or attempt)."""
+    from once.report import logs
+
+    try:
+        with read_only(target, timeout) as conn:
+            found = logs.attempt_output(conn, target, name, period, attempt)
+            now = engines.db_now(conn, target)
+    except NoLedger:
+        found = None
+    if found is None:
+        return f"no job {name!r} in the ledger"
+    entry, output = found
+    if entry is None:
+        which = f"attempt {attempt}" if attempt is not None else "attempt"
+        where = f" at period {output}" if period is not None else ""
+        return f"job {name} has no {which}{where}"
+    return Output(now, entry, output)
+
+
 def ping(target: Target, timeout: float) -> None:
     """Raise LedgerError unless the ledger answers a read (an absent ledger answers)."""
     with suppress(NoLedger), read_only(target, timeout) as conn:
-        queries.schema_version(conn)
+        engines.schema_version(conn)
 
 
 @contextmanager
 def read_only(target: Target, timeout: float) -> Iterator[Connection]:
     """One read-only snapshot, given up on within about `timeout` seconds (LedgerError)."""
-    if target.dialect == "sqlite" and not os.path.exists(target.path):
+    if dialects.of(target).absent(target):
         raise NoLedger  # connecting would create an empty file
     eng = serve_engine(target, timeout)
-    watchdog = _Watchdog(timeout)
+    watchdog = ReadWatchdog(timeout, target)
+    connected = False
     try:
         with eng.connect() as conn:
-            watchdog.arm(conn)
+            connected = True
+            watchdog.arm(conn.connection.dbapi_connection)
             try:
-                if target.dialect != "sqlite":
-                    conn = conn.execution_options(isolation_level="REPEATABLE READ",
-                                                  postgresql_readonly=True)
+                conn = conn.execution_options(**dialects.of(target).snapshot_options(True))
                 with conn.begin():
-                    queries.begin_read_only(conn, target, timeout)
-                    version = queries.schema_version(conn)
+                    engines.begin_read_only(conn, target, timeout)
+                    version = engines.schema_version(conn)
+                    if version > tables.SCHEMA_VERSION:
+                        raise newer_schema(version)
                     if version < tables.SCHEMA_VERSION:
                         raise LedgerError(
                             f"the ledger {target.redacted} has schema version {version}, "
@@ -123,62 +183,22 @@ def read_only(target: Target, timeout: float) -> Iterator[Connection]:
                     yield conn
             finally:
                 watchdog.cancel()  # before the socket is closed and its number reused
-    except LedgerError as exc:  # once.ledger.reads' (the survey's), or ours
+    except LedgerError as exc:  # once.ledger.fleet's (the survey's), or ours
         if not watchdog.fired:
             raise
         raise LedgerError(f"cannot read the ledger {target.redacted}: no answer within "
                           f"{timeout:g}s") from exc
     except SQLAlchemyError as exc:
-        if queries.is_missing_table(target, exc):
+        if engines.is_missing_table(target, exc):
             raise NoLedger from None
         why = (f"no answer within {timeout:g}s" if watchdog.fired
                else describe(getattr(exc, "orig", None) or exc))
         raise LedgerError(f"cannot read the ledger {target.redacted}: {why}") from exc
+    except (OSError, ValueError) as exc:  # the driver's, while connecting (a TLS file, say)
+        if connected:
+            raise
+        raise LedgerError(f"cannot read the ledger {target.redacted}: {describe(exc)}") from exc
     finally:
         eng.dispose()
 
 
-class _Watchdog:
-    """Shuts the connection's socket down when the whole read outlasts its time."""
-
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-        self.fired = False
-        self.done = False
-        self.lock = threading.Lock()
-        self.timer: threading.Timer | None = None
-
-    def arm(self, conn: Connection) -> None:
-        fd = _socket_of(conn)
-        if fd is None:
-            return
-        # A second after the statement timeout: a server that answers says why itself.
-        self.timer = threading.Timer(self.timeout + 1.0, self._fire, (fd,))
-        self.timer.daemon = True
-        self.timer.start()
-
-    def _fire(self, fd: int) -> None:
-        from once.ledger.base import shut_down
-
-        with self.lock:
-            if not self.done:
-                self.fired = True
-                shut_down(fd)
-
-    def cancel(self) -> None:
-        with self.lock:
-            self.done = True
-        if self.timer is not None:
-            self.timer.cancel()
-
-
-def _socket_of(conn: Connection) -> int | None:
-    raw = conn.connection.dbapi_connection
-    with suppress(Exception):
-        pgconn = getattr(raw, "pgconn", None)
-        if pgconn is not None:
-            return int(pgconn.socket)
-        sock = getattr(raw, "_sock", None)  # PyMySQL
-        if sock is not None:
-            return int(sock.fileno())
-    return None  # SQLite: a local file, bounded by its busy timeout

@@ -1,4 +1,6 @@
-"""The HTML of `once serve`: the fleet's overview (`/`) and a job's page (`/job/NAME`).
+"""The HTML of `once serve`: the frame every page shares (style, script, header, footer), a
+job's page (`/job/NAME`) and an attempt's output (`/logs/NAME?period=P&attempt=N`); the
+fleet's overview (`/`) is once.serve.overview's.
 
 Plain HTML with its CSS and a few lines of JavaScript inline: nothing is fetched from anywhere
 else (many clusters have no internet access), and the Content-Security-Policy allows nothing
@@ -14,16 +16,20 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from html import escape
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from once import __version__, report
+from once.escape import shown_lines
 from once.periods import Period
 from once.report import timeline
-from once.serve.data import Fleet, JobPage
+from once.report.logs import header as logs_header
+from once.serve.data import JobPage, Output
+
+OUTPUT_SHOWN = 64 * 1024  # characters of an attempt's output a page shows (its end)
 
 # Reloads the page's body every data-refresh seconds while the tab is visible, keeping the
 # scroll position; says so when the server cannot be reached. No other script runs. (The
@@ -51,7 +57,7 @@ SCRIPT = """
 """
 SCRIPT_HASH = base64.b64encode(hashlib.sha256(SCRIPT.encode()).digest()).decode()
 CSP = (f"default-src 'none'; style-src 'unsafe-inline'; script-src 'sha256-{SCRIPT_HASH}'; "
-       "img-src data:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+       "img-src data:; connect-src 'self'; base-uri 'none'; form-action 'self'; "
        "frame-ancestors 'none'")
 
 STYLE = """\
@@ -64,20 +70,21 @@ STYLE = """\
 body { background: var(--bg); color: var(--fg); margin: 1.5rem;
   font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; }
 a { color: var(--running); text-decoration: none; } a:hover { text-decoration: underline; }
-h1 { font-size: 1.35rem; margin: 0 0 .2rem; } h2 { font-size: 1.1rem; margin: 1.6rem 0 .5rem; }
-.sub, .dim { color: var(--dim); }
+h1 { font-size: 1.35rem; margin: 0 0 .2rem; overflow-wrap: anywhere; }
+h2 { font-size: 1.1rem; margin: 1.6rem 0 .5rem; }
+.sub, .dim { color: var(--dim); } .sub { overflow-wrap: anywhere; }
 .banner { padding: .6rem .9rem; border-radius: 6px; margin: 1rem 0; background: var(--bad-bg);
   border: 1px solid var(--failed); font-weight: 600; }
 table { border-collapse: collapse; width: 100%; margin-top: .8rem; }
-th, td { text-align: left; vertical-align: top; padding: .35rem .6rem;
+th, td { text-align: left; vertical-align: top; padding: .35rem .5rem;
   border-bottom: 1px solid var(--line); }
 th { background: var(--head); font-weight: 600; white-space: nowrap; }
-td:first-child { white-space: nowrap; }
+td:first-child { max-width: 24rem; overflow-wrap: anywhere; }
 tr.critical td:first-child { box-shadow: inset 4px 0 var(--failed); }
 tr.warning td:first-child { box-shadow: inset 4px 0 var(--stale); }
 tr.ok td:first-child { box-shadow: inset 4px 0 var(--done); }
 .bad { color: var(--failed); font-weight: 600; } .warn { color: #9a6700; font-weight: 600; }
-.run { color: var(--running); }
+.run { color: var(--running); } .ok-text { color: var(--done); }
 .badge { display: inline-block; font-size: .75rem; font-weight: 700; padding: 0 .4rem;
   border-radius: 1em; margin-left: .4rem; color: #fff; }
 .badge.critical { background: var(--failed); } .badge.warning { background: var(--stale); }
@@ -85,19 +92,47 @@ tr.ok td:first-child { box-shadow: inset 4px 0 var(--done); }
 .strip { white-space: nowrap; }
 .cell { display: inline-block; width: 6px; height: 14px; margin-right: 1px;
   border-radius: 2px; vertical-align: middle; }
-.key, .nowrap { white-space: nowrap; }
-.wide { overflow-x: auto; }
+.nowrap { white-space: nowrap; } .owner { overflow-wrap: anywhere; }
+.line { display: inline-block; max-width: 26ch; overflow: hidden; text-overflow: ellipsis;
+  white-space: nowrap; vertical-align: bottom; font: 12px ui-monospace, monospace;
+  color: var(--dim); }
+td.lastline .line { max-width: 40ch; } a.line { color: var(--running); }
 .s-done { background: var(--done); } .s-failed { background: var(--failed); }
 .s-missing { background: transparent; box-shadow: inset 0 0 0 2px var(--missing); }
 .s-running { background: var(--running); } .s-stale { background: var(--stale); }
 .s-pending { background: var(--pending); } .s-none { background: transparent; }
-pre.timeline { font: 13px/1.3 ui-monospace, "DejaVu Sans Mono", monospace; overflow-x: auto;
-  background: var(--head); padding: .8rem; border-radius: 6px; }
+pre.timeline, pre.output { font: 13px/1.3 ui-monospace, "DejaVu Sans Mono", monospace;
+  overflow-x: auto; background: var(--head); padding: .8rem; border-radius: 6px; }
+pre.output { white-space: pre-wrap; overflow-wrap: anywhere; }
 pre .g-done { color: var(--done); } pre .g-failed { color: var(--failed); }
 pre .g-missing { color: var(--missing); } pre .g-running { color: var(--running); }
 pre .g-stale { color: var(--stale); } pre .g-pending { color: var(--dim); }
 ul.findings { padding-left: 1.2rem; } code { font-family: ui-monospace, monospace; }
+form.filter { display: flex; flex-wrap: wrap; gap: .4rem 1rem; align-items: center;
+  margin: 1rem 0 0; } form.filter input { width: 16rem; max-width: 60vw; }
+.count { margin: .5rem 0 0; } nav.pager { margin: .8rem 0; }
 footer { margin-top: 2rem; color: var(--dim); font-size: .85rem; }
+@media (max-width: 760px) {
+  body { margin: .8rem; }
+  table.cards thead { display: none; }
+  table.cards, table.cards tbody, table.cards tr, table.cards td { display: block; }
+  table.cards tr { border: 1px solid var(--line); border-radius: 8px; margin: .7rem 0;
+    padding: .3rem 0; }
+  table.cards td { border: 0; padding: .15rem .7rem; white-space: normal;
+    overflow-wrap: anywhere; }
+  table.cards td[data-label] { position: relative; padding-left: 7.6rem; min-height: 1.45em; }
+  table.cards td[data-label]::before { content: attr(data-label); position: absolute;
+    left: .7rem; width: 6.6rem; color: var(--dim); font-weight: 600; white-space: nowrap;
+    overflow: hidden; text-overflow: ellipsis; }
+  table.cards td:empty { display: none; }
+  table.cards td:first-child { font-size: 1.05rem; padding-bottom: .3rem; }
+  tr.critical, tr.warning, tr.ok { box-shadow: none; }
+  tr.critical td:first-child, tr.warning td:first-child, tr.ok td:first-child {
+    box-shadow: none; }
+  tr.critical { border-left: 4px solid var(--failed) !important; }
+  tr.warning { border-left: 4px solid var(--stale) !important; }
+  tr.ok { border-left: 4px solid var(--done) !important; }
+  .line, td.lastline .line { max-width: 100%; } }
 """
 
 SEVERITY_CLASS = {report.OK: "ok", report.WARNING: "warning", report.CRITICAL: "critical"}
@@ -107,7 +142,48 @@ def job_href(name: str) -> str:
     return "/job/" + quote(name, safe="")
 
 
-def _page(title: str, body: str, refresh: float) -> str:
+def output_href(name: str, period: str, attempt: int) -> str:
+    """The page of an attempt's output: once logs NAME --period P --attempt N."""
+    return ("/logs/" + quote(name, safe="") + "?"
+            + urlencode({"period": period, "attempt": attempt}))
+
+
+def severity(s: report.JobState) -> int:
+    """The job's verdict, as `once check` gives it. Kept on the state: a page of a fleet asks
+    for it of every job several times (to count, filter and order them). Missing periods are
+    critical whether or not their keys were read (once.report.survey's detail)."""
+    known: int | None = getattr(s, "_severity", None)
+    if known is None:
+        found = (report.OK if s.sched is not None and not s.open_rows  # most jobs, at once
+                 else max((f.severity for f in report.findings([s])), default=report.OK))
+        known = report.CRITICAL if s.no_row else found
+        setattr(s, "_severity", known)  # noqa: B010 (JobState has no such field)
+    return known
+
+
+def schedule_text(s: report.JobState) -> str:
+    text = s.schedule_text + (f", lag {s.lag}" if s.lag else "")
+    return text + (f", {s.shards} shards" if s.shards > 1 else "")
+
+
+def key_html(text: str) -> str:
+    """A period key, broken only after its date (`2026-12-01T` / `23:00+00:00`) if at all."""
+    date, sep, clock = escape(text).partition("T")
+    return f'<span class="nowrap">{date}{sep}</span>{"<wbr>" if sep else ""}' + (
+        f'<span class="nowrap">{clock}</span>' if sep else "")
+
+
+def said_html(line: str | None, href: str | None) -> str:
+    """What a failed attempt said last, one line cut short (its whole text as the title),
+    linked to its output; without a line, `output` linked."""
+    link = f' href="{escape(href)}"' if href else ""
+    if not line:
+        return f'<a{link}>output</a>' if href else ""
+    return (f'<a class="line"{link} title="{escape(line)}: the whole output">{escape(line)}</a>'
+            if href else f'<span class="line" title="{escape(line)}">{escape(line)}</span>')
+
+
+def page(title: str, body: str, refresh: float) -> str:
     seconds = f"{refresh:g}" if refresh > 0 else "0"
     return (f'<!DOCTYPE html>\n<html lang="en" data-refresh="{seconds}">\n<head>\n'
             f'<meta charset="utf-8">\n'
@@ -117,14 +193,14 @@ def _page(title: str, body: str, refresh: float) -> str:
             f"<body>\n{body}\n</body>\n</html>\n")
 
 
-def _header(heading: str, ledger: str, sub: str) -> str:
+def header(heading: str, ledger: str, sub: str) -> str:
     return (f"<h1>{heading}</h1>\n"
             f'<div class="sub">ledger <code>{escape(ledger)}</code>{sub}</div>\n'
             '<div id="offline" class="banner" hidden>this page could not be refreshed: '
             "once serve does not answer</div>\n")
 
 
-def _footer(now: datetime, refresh: float) -> str:
+def footer(now: datetime, refresh: float) -> str:
     every = f"; refreshes every {report.age(refresh)}" if refresh > 0 else ""
     return (f'<footer>once {escape(__version__)}; as of {escape(_clock(now))} by the '
             f"ledger's clock{every}</footer>")
@@ -136,142 +212,33 @@ def _clock(instant: datetime) -> str:
 
 def unreachable(heading: str, ledger: str, error: str, refresh: float, now: datetime) -> str:
     """A page that says the ledger cannot be read (and why) instead of its data."""
-    body = (_header(escape(heading), ledger, "")
+    body = (header(escape(heading), ledger, "")
             + f'<div class="banner">ledger unreachable: {escape(error)}</div>\n'
-            + _footer(now, refresh))
-    return _page("once: ledger unreachable", body, refresh)
+            + footer(now, refresh))
+    return page("once: ledger unreachable", body, refresh)
 
 
 def not_found(what: str, ledger: str, now: datetime) -> str:
-    body = (_header("not found", ledger, "")
-            + f'<p>{escape(what)}</p>\n<p><a href="/">all jobs</a></p>\n' + _footer(now, 0))
-    return _page("once: not found", body, 0)
-
-
-# -- the overview ----------------------------------------------------------------------------
-
-
-def overview(fleet: Fleet, ledger: str, namespace: str | None, refresh: float) -> str:
-    """Every job as a row, problems first."""
-    ranked = sorted(fleet.states, key=lambda s: (-_severity(s), s.name))
-    counts = {sev: sum(1 for s in ranked if _severity(s) == sev) for sev in SEVERITY_CLASS}
-    space = f", namespace <code>{escape(namespace)}</code>" if namespace else ""
-    summary = ", ".join(f"{n} {report.SEVERITY[sev]}" for sev, n in
-                        sorted(counts.items(), reverse=True) if n)
-    heading = f"once: {len(ranked)} job{'' if len(ranked) == 1 else 's'}"
-    body = [_header(escape(heading), ledger, f"{space}; {escape(summary or 'no jobs yet')}")]
-    if ranked:
-        body.append('<div class="wide"><table>\n<thead><tr>' + "".join(f"<th>{h}</th>" for h in (
-            "job, latest periods", "schedule", "last done", "running now", "failed", "missing",
-            "next")) + "</tr></thead>\n<tbody>")
-        body += [_row(s, fleet.now, fleet.strips.get(s.name, [])) for s in ranked]
-        body.append("</tbody>\n</table></div>")
-    else:
-        body.append("<p>No job has run against this ledger yet"
-                    + (" under this namespace" if namespace else "") + ".</p>")
-    body.append(_footer(fleet.now, refresh))
-    return _page(heading, "\n".join(body), refresh)
-
-
-def _severity(s: report.JobState) -> int:
-    return max((f.severity for f in report.findings([s])), default=report.OK)
-
-
-def _row(s: report.JobState, now: datetime, strip: list[tuple[Period, str]]) -> str:
-    sev = _severity(s)
-    klass = SEVERITY_CLASS[sev]
-    obj = report.status_object(s)
-    name = (f'<a href="{escape(job_href(s.name))}">{escape(s.name)}</a>'
-            f'<span class="badge {klass}">{report.SEVERITY[sev]}</span><br>{_strip(strip)}')
-    schedule = f'{escape(_schedule(s))}<br><span class="dim">{escape(s.tz)}</span>'
-    if s.sched is None:
-        cells = [name, schedule,
-                 f'<span class="bad">cannot read the schedule: {escape(s.error)}</span>',
-                 "", "", "", ""]
-    else:
-        cells = [name, schedule, _last_done(s, now), _running(s), _failed(obj), _missing(obj),
-                 _next(s, now)]
-    return f'<tr class="{klass}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
-
-
-def _schedule(s: report.JobState) -> str:
-    text = s.schedule_text + (f", lag {s.lag}" if s.lag else "")
-    return text + (f", {s.shards} shards" if s.shards > 1 else "")
-
-
-def _last_done(s: report.JobState, now: datetime) -> str:
-    last = s.last_done
-    if last is None:
-        return '<span class="warn">never</span>'
-    ago = (f"finished {report.age((now - last.finished_at).total_seconds())} ago, "
-           if last.finished_at else "")
-    return (f'<span class="key">{escape(last.period)}</span><br>'
-            f'<span class="dim">{ago}took {escape(report.took(last.duration))}</span>')
-
-
-def _running(s: report.JobState) -> str:
-    out = []
-    for r in s.running:
-        stale = s.is_stale(r)
-        text = (f'<span class="key">{escape(r.period)}</span> {escape(r.owner)} #{r.attempt}, '
-                f"heartbeat {report.age(s.heartbeat_age(r))} ago")
-        out.append(f'<span class="warn">{text} STALE</span>' if stale
-                   else f'<span class="run">{text}</span>')
-    return "<br>".join(out) or '<span class="dim">-</span>'
-
-
-def _failed(obj: dict[str, Any]) -> str:
-    if not obj["failed"]:
-        return '<span class="dim">0</span>'
-    out = f" ({obj['failed_out']} failed-out)" if obj["failed_out"] else ""
-    keys = ", ".join(_key(f["period"]) for f in obj["failed_periods"][:3])
-    return (f'<span class="bad nowrap">{obj["failed"]}{out}</span><br>'
-            f'<span class="dim">{keys}</span>')
-
-
-def _missing(obj: dict[str, Any]) -> str:
-    if not obj["missing"]:
-        return '<span class="dim">0</span>'
-    more = "+" if obj["missing_at_least"] else ""
-    keys = ", ".join(_key(k) for k in obj["missing_periods"][:3])
-    last = obj["missing_last"]
-    if last and last not in obj["missing_periods"][:3]:
-        keys += f" … {_key(last)}"
-    return f'<span class="bad">{obj["missing"]}{more}</span><br><span class="dim">{keys}</span>'
-
-
-def _next(s: report.JobState, now: datetime) -> str:
-    if s.next is None or s.next_at is None:
-        return '<span class="dim">-</span>'
-    return (f"{_key(s.next.key)}<br><span class=\"dim\">in "
-            f"{report.age((s.next_at - now).total_seconds())}</span>")
-
-
-def _key(text: str) -> str:
-    return f'<span class="key">{escape(text)}</span>'
-
-
-def _strip(cells: Iterable[tuple[Period, str]]) -> str:
-    spans = [f'<span class="cell s-{state}" title="{escape(p.key)}: '
-             f'{escape(timeline.STATES[state][3])}"></span>' for p, state in cells]
-    return f'<span class="strip">{"".join(spans)}</span>'
+    body = (header("not found", ledger, "")
+            + f'<p>{escape(what)}</p>\n<p><a href="/">all jobs</a></p>\n' + footer(now, 0))
+    return page("once: not found", body, 0)
 
 
 # -- a job's page ----------------------------------------------------------------------------
 
 
-def job_page(page: JobPage, ledger: str, refresh: float) -> str:
+def job_page(found: JobPage, ledger: str, refresh: float) -> str:
     """The job's check verdict, its timeline and its history."""
-    s = page.state
-    sev = max((f.severity for f in page.findings), default=report.OK)
+    s = found.state
+    sev = max((f.severity for f in found.findings), default=report.OK)
     klass = SEVERITY_CLASS[sev]
     heading = (f'{escape(s.name)}<span class="badge {klass}">{report.SEVERITY[sev]}</span>')
-    sub = f"; {escape(_schedule(s))}, {escape(s.tz)}"
-    body = [_header(heading, ledger, sub), '<p><a href="/">all jobs</a></p>',
-            "<h2>Check</h2>", _verdict(page.findings, s.name), "<h2>Timeline</h2>",
-            _timeline(s, page.cells), "<h2>History</h2>", _history(page.tz, page.entries),
-            _footer(page.now, refresh)]
-    return _page(f"once: {s.name}", "\n".join(body), refresh)
+    sub = f"; {escape(schedule_text(s))}, {escape(s.tz)}"
+    body = [header(heading, ledger, sub), '<p><a href="/">all jobs</a></p>',
+            "<h2>Check</h2>", _verdict(found.findings, s.name), "<h2>Timeline</h2>",
+            _timeline(s, found.cells), "<h2>History</h2>",
+            _history(s.name, found.tz, found.entries), footer(found.now, refresh)]
+    return page(f"once: {s.name}", "\n".join(body), refresh)
 
 
 def _verdict(found: Sequence[report.Finding], name: str) -> str:
@@ -302,26 +269,72 @@ def _timeline(s: report.JobState, cells: list[tuple[Period, str]]) -> str:
     return '<pre class="timeline">' + "\n".join(lines) + "</pre>"
 
 
-def _history(tz: str, entries: list[dict[str, Any]]) -> str:
+_LAST = ' class="lastline"'
+HISTORY_HEADINGS = ("period", "attempt", "fence", "owner", "started", "finished", "took",
+                    "outcome", "exit", "reason", "last line")
+
+
+def _history(name: str, tz: str, entries: list[dict[str, Any]]) -> str:
+    """once history's table: a failed attempt's last line, every finished one's output."""
     if not entries:
         return "<p class=\"dim\">No attempts recorded.</p>"
-    heads = ["period", "attempt", "fence", "owner", f"started ({tz})", "finished", "took",
-             "outcome", "exit", "reason"]
+    heads = [*HISTORY_HEADINGS]
+    heads[4] = f"started ({tz})"
     rows = []
     for e in entries:
         word = report.status_word(e)
-        klass = ("bad" if e["status"] == "failed" else "warn" if e["outcome"] == "stale"
+        # An interrupted attempt (a drain, a deploy) kept the period's budget: not a failure's red.
+        klass = ("warn" if e["outcome"] in ("stale", "interrupted")
+                 else "bad" if e["status"] == "failed"
                  else "run" if e["outcome"] == "running" else "")
-        cells = [escape(e["period"]), str(e["attempt"]), str(e["fence"]), escape(e["owner"]),
+        href = (output_href(name, e["period"], e["attempt"])
+                if e["finished_at"] or e["outcome"] == "taken-over" else None)
+        said = said_html(e["last_line"] if e["status"] == "failed" else None, href)
+        cells = [key_html(e["period"]), str(e["attempt"]), str(e["fence"]),
+                 f'<span class="owner">{escape(e["owner"])}</span>',
                  escape(_local(e["started_at"])), escape(_local(e["finished_at"])),
                  escape(report.took(e["duration_s"])),
                  f'<span class="{klass}">{escape(word)}</span>',
                  "-" if e["exit_code"] is None else str(e["exit_code"]),
-                 escape(e["reason"] or "")]
-        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    return ("<table>\n<thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in heads)
+                 escape(e["reason"] or ""), said]
+        rows.append(f"<tr><td>{cells[0]}</td>" + "".join(
+            f'<td data-label="{escape(h.split(" (")[0])}"{_LAST if h == "last line" else ""}>'
+            f"{c}</td>"
+            for h, c in zip(heads[1:], cells[1:], strict=True)) + "</tr>")
+    return ('<table class="cards">\n<thead><tr>'
+            + "".join(f"<th>{escape(h)}</th>" for h in heads)
             + "</tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>")
 
 
 def _local(text: str | None) -> str:
     return text[:19].replace("T", " ") if text else "-"
+
+
+# -- an attempt's output ---------------------------------------------------------------------
+
+
+def output_page(found: Output, ledger: str) -> str:
+    """What an attempt said (once logs): its header line, then its stored output (the end of
+    it past OUTPUT_SHOWN characters), escaped as once logs escapes it, then by html.escape.
+    Never refreshes itself: a finished attempt's output does not change."""
+    entry, text = found.entry, found.output
+    name = entry["job"]
+    body = [header(f'output of <a href="{escape(job_href(name))}">{escape(name)}</a>', ledger,
+                   ""), f"<p><code>{escape(logs_header(entry))}</code></p>"]
+    if text is None:
+        body.append('<p class="dim">Nothing stored: the attempt is still running, never '
+                    "finished, or its output was not captured (--output-tail 0, a "
+                    "terminal).</p>")
+    elif not text:
+        body.append('<p class="dim">The command printed nothing.</p>')
+    else:
+        if len(text) > OUTPUT_SHOWN:
+            body.append(f'<p class="dim">The last {OUTPUT_SHOWN // 1024} KiB of '
+                        f"{len(text) // 1024} KiB stored; <code>once logs "
+                        f"{escape(name)} --period {escape(entry['period'])} --attempt "
+                        f"{entry['attempt']}</code> prints it all.</p>")
+            text = text[-OUTPUT_SHOWN:]
+        body.append(f'<pre class="output">{escape(shown_lines(text))}</pre>')
+    body.append(footer(found.now, 0))
+    return page(f"once: {name} {entry['period']} attempt {entry['attempt']}", "\n".join(body),
+                0)

@@ -1,0 +1,84 @@
+"""The commands that look after the ledger itself: `once schema`, `once prune` and
+`once doctor`, registered on `once.cli.cli` by once.cli.commands (never on the hot path)."""
+
+from __future__ import annotations
+
+import click
+
+from once.cli.main import DURATION, SIZE, cli, first_use, ledger_options, open_target
+from once.escape import shown
+from once.messages import say
+
+# -- once schema -----------------------------------------------------------------------------
+
+
+@cli.command()
+@ledger_options
+@click.option("--sql", is_flag=True, help="Print the DDL for the URL's dialect; touch no "
+              "database.")
+def schema(db: str | None, db_password_file: str | None, namespace: str | None,
+           sql: bool) -> None:
+    """Create or upgrade the ledger's tables (they are also created on first use)."""
+    from once.ledger import schema as ledger_schema
+
+    target = open_target(db, db_password_file, anywhere=sql)  # --sql touches no ledger
+    if sql:
+        for statement in ledger_schema.ddl(target.dialect):
+            click.echo(statement + ";\n")
+        return
+    first_use(target)
+    ledger_schema.ensure(target)
+    say(f"the ledger's tables are ready in {target.redacted} "
+             f"(schema version {ledger_schema.SCHEMA_VERSION})")
+
+
+# -- once prune -----------------------------------------------------------------------------
+
+
+@cli.command()
+@ledger_options
+@click.option("--older-than", required=True, type=DURATION, metavar="DURATION",
+              help="Forget attempts and done rows that finished longer ago than this.")
+@click.option("--dry-run", is_flag=True, help="Count what would go; delete nothing.")
+def prune(db: str | None, db_password_file: str | None, namespace: str | None,
+          older_than: float, dry_run: bool) -> int:
+    """Delete old history and done rows; never a running or failed row, never a job's latest
+    done row, never a done row after the job's oldest gap (catch-up and check count them).
+    Every attempt of a deleted row goes with it. Lists jobs idle for longer than
+    --older-than."""
+    from once import report
+    from once.ledger import prune as pruning
+
+    target = open_target(db, db_password_file)
+    pruned = pruning.prune(target, older_than, report.oldest_gaps, dry_run)
+    if pruned.no_tables:
+        click.echo(f"once: no ledger tables in {target.redacted} (nothing has run there): "
+                   f"nothing to prune", err=True)
+    verb = "would delete" if dry_run else "deleted"
+    click.echo(f"{verb} {pruned.runs} done rows and {pruned.attempts} attempts")
+    for job, last in pruned.idle_jobs:
+        click.echo(f"idle job {shown(job)}: last fired {last:%Y-%m-%d %H:%M} UTC (renamed or "
+                   f"retired?)")
+    return 0
+
+
+# -- once doctor ----------------------------------------------------------------------------
+
+
+@cli.command()
+@ledger_options
+@click.option("--output-tail", default="16KiB", show_default=True, type=SIZE, metavar="SIZE",
+              help="The --output-tail the fleet stores, to check the server's packet limit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def doctor(db: str | None, db_password_file: str | None, namespace: str | None,
+           output_tail: int, as_json: bool) -> int:
+    """Check that the ledger's server can keep the promise: durability, replication,
+    standbys, Galera, limits. One line per finding, `SEVERITY TOPIC WHAT`; exit 0 OK,
+    1 WARNING, 2 CRITICAL (as once check), 75 when the server cannot be read."""
+    from once.ledger.server import server_facts
+    from once.report import doctor as judging
+
+    target = open_target(db, db_password_file)
+    verdicts = judging.judge(target.dialect, server_facts(target), output_tail)
+    click.echo(judging.render(verdicts, as_json))
+    return judging.worst(verdicts)

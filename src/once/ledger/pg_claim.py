@@ -1,0 +1,139 @@
+"""PostgreSQL's claim: one statement of CTEs, one round trip (docs/concepts/ledger.md), for
+once.ledger.postgres. No driver, no import but once.ledger.base's schema gate.
+"""
+
+from __future__ import annotations
+
+from once.ledger.base import schema_gate
+
+_GATE = schema_gate("integer")
+_STALE = "r.heartbeat_at < clock_timestamp() - make_interval(secs => r.stale_after)"
+
+# Fences across a failover (docs/how-to/high-availability.md): at least (timeline - 1) << 32, the
+# timeline (pg_walfile_name's first 8 hex digits, any role may read it) read in the claim's
+# own statement: a promotion's fences outgrow every earlier one; clamped to a bigint.
+TIMELINE_FLOOR = ("((LEAST(('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))"
+                  "::bit(32)::bigint, 2147483648) - 1) << 32)")
+
+# One statement, one round trip: the schema gate and the clocks, the job's fence, the run
+# row inserted or taken over, the attempt logged; when nothing was won, the row as it
+# stands. ON CONFLICT sees the row's newest version; the holder is read FOR SHARE after the
+# job row's lock (READ COMMITTED follows it to its latest commit). finish_in's marker
+# (MARK) is read locked: a stale row whose attempt marked it done is recorded done
+# (settled), else taken over and its attempt marked taken-over (superseded); a rerun
+# takes it over either way. A takeover's times are read after that wait. A stale row
+# that has had all its attempts (records.attempt_cap) is recorded failed (capped).
+CLAIM = f"""
+    WITH clock AS (
+        SELECT %(max_skew)s = 0
+               OR abs(extract(epoch FROM clock_timestamp() - %(host_now)s)) <= %(max_skew)s
+               AS ok,
+               {_GATE} AS ours,
+               (SELECT value FROM once_meta WHERE name = 'schema_version') AS version,
+               {TIMELINE_FLOOR} AS fence_floor
+    ), job AS (
+        INSERT INTO once_jobs AS j (job, fence, fire_count, kind, schedule, tz, lag,
+                                    max_attempts, stale_after, shards, no_overlap,
+                                    first_period_start, created_at, last_fired_at)
+        SELECT %(job)s, GREATEST(1, clock.fence_floor), 1, %(kind)s, %(schedule)s, %(tz)s,
+               %(lag)s, %(max_attempts)s, %(stale_after)s, %(shards)s, %(no_overlap)s,
+               %(period_start)s, clock_timestamp(), clock_timestamp()
+        FROM clock WHERE clock.ok AND clock.ours
+        ON CONFLICT (job) DO UPDATE SET
+            fence = GREATEST(j.fence + 1, excluded.fence), fire_count = j.fire_count + 1,
+            kind = excluded.kind,
+            schedule = excluded.schedule, tz = excluded.tz, lag = excluded.lag,
+            max_attempts = excluded.max_attempts, stale_after = excluded.stale_after,
+            shards = excluded.shards, no_overlap = excluded.no_overlap,
+            first_period_start = least(j.first_period_start, excluded.first_period_start),
+            last_fired_at = excluded.last_fired_at
+        RETURNING fence, state, state_version
+    ), won AS (
+        INSERT INTO once_runs AS r (job, period, status, attempt, fence, owner, period_start,
+                                    period_end, started_at, heartbeat_at, stale_after,
+                                    claim_id)
+        SELECT %(job)s, %(period)s, 'running', 1, job.fence, %(owner)s, %(period_start)s,
+               %(period_end)s, clock_timestamp(), clock_timestamp(), %(stale_after)s,
+               %(claim_id)s
+        FROM job
+        ON CONFLICT (job, period) DO UPDATE SET
+            status = 'running', attempt = r.attempt + 1, fence = excluded.fence,
+            owner = excluded.owner, started_at = clock_timestamp(),
+            heartbeat_at = clock_timestamp(), finished_at = NULL, exit_code = NULL,
+            stale_after = excluded.stale_after, claim_id = excluded.claim_id
+        WHERE (((r.status = 'failed' AND r.attempt - r.interrupted < %(max_attempts)s)
+                OR (r.status = 'running' AND {_STALE}
+                    AND ((SELECT a.status FROM once_attempts a WHERE a.job = r.job
+                          AND a.period = r.period AND a.attempt = r.attempt FOR UPDATE)
+                         IS DISTINCT FROM 'done' OR %(rerun)s)))
+               AND (r.attempt < %(attempt_cap)s OR %(rerun)s))
+           OR (%(rerun)s AND r.status IN ('done', 'failed'))
+        RETURNING r.attempt, r.fence, r.started_at
+    ), logged AS (
+        INSERT INTO once_attempts (job, period, attempt, fence, owner, status, started_at,
+                                   reason, command_hash, output, claim_id)
+        SELECT %(job)s, %(period)s, attempt, fence, %(owner)s, 'running', started_at,
+               %(reason)s, %(command_hash)s, NULL, %(claim_id)s
+        FROM won
+    ), superseded AS (
+        UPDATE once_attempts a SET outcome = 'taken-over'
+        FROM won
+        WHERE a.job = %(job)s AND a.period = %(period)s AND a.attempt = won.attempt - 1
+          AND a.status = 'running' AND a.outcome IS NULL
+    ), settled AS (
+        UPDATE once_runs r SET status = 'done', (exit_code, finished_at) = (
+                   SELECT a.exit_code, a.finished_at FROM once_attempts a
+                   WHERE a.job = r.job AND a.period = r.period AND a.attempt = r.attempt
+                   FOR UPDATE)
+        FROM job
+        WHERE r.job = %(job)s AND r.period = %(period)s AND r.status = 'running'
+          AND {_STALE} AND NOT EXISTS (SELECT FROM won)
+          AND (SELECT a.status FROM once_attempts a WHERE a.job = r.job
+               AND a.period = r.period AND a.attempt = r.attempt FOR UPDATE) = 'done'
+        RETURNING r.attempt, r.fence, r.owner, r.stale_after, r.interrupted,
+                  extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8 AS age
+    ), capped AS (
+        UPDATE once_runs r SET status = 'failed', finished_at = clock_timestamp()
+        FROM job
+        WHERE r.job = %(job)s AND r.period = %(period)s AND NOT %(rerun)s
+          AND r.status = 'running' AND r.attempt >= %(attempt_cap)s AND {_STALE}
+          AND NOT EXISTS (SELECT FROM won) AND NOT EXISTS (SELECT FROM settled)
+        RETURNING r.attempt, r.fence, r.owner, r.stale_after, r.interrupted,
+                  extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8 AS age
+    ), capped_attempt AS (
+        UPDATE once_attempts a SET outcome = 'taken-over'
+        FROM capped
+        WHERE a.job = %(job)s AND a.period = %(period)s AND a.attempt = capped.attempt
+          AND a.status = 'running' AND a.outcome IS NULL
+    ), holder AS (
+        SELECT r.attempt, r.fence, r.status, r.owner,
+               extract(epoch FROM clock_timestamp() - r.heartbeat_at)::float8 AS age,
+               r.stale_after, r.interrupted
+        FROM once_runs r, job
+        WHERE r.job = %(job)s AND r.period = %(period)s AND NOT EXISTS (SELECT FROM won)
+          AND NOT EXISTS (SELECT FROM settled) AND NOT EXISTS (SELECT FROM capped)
+        FOR SHARE OF r
+    )
+    SELECT 'won', attempt, won.fence, 'running', %(owner)s, 0.0::float8, job.state,
+           job.state_version, NULL::float8, 0
+    FROM won, job
+    UNION ALL
+    SELECT 'lost', attempt, fence, 'done', owner, age, NULL, 0, stale_after, interrupted
+    FROM settled
+    UNION ALL
+    SELECT 'lost', attempt, fence, status, owner, age, NULL, 0, stale_after, interrupted
+    FROM holder
+    UNION ALL
+    SELECT 'capped', attempt, fence, 'failed', owner, age, NULL, 0, stale_after, interrupted
+    FROM capped
+    UNION ALL
+    SELECT 'skew', 0, 0, '', '', extract(epoch FROM clock_timestamp() - %(host_now)s)::float8,
+           NULL, 0, NULL, 0
+    FROM clock WHERE NOT clock.ok AND clock.ours
+    UNION ALL
+    SELECT 'newer', 0, 0, version, '', 0.0::float8, NULL, 0, NULL, 0
+    FROM clock WHERE NOT clock.ours"""
+
+# The same claim for a server that speaks PostgreSQL but cannot read its timeline (Aurora,
+# CockroachDB, a role refused the functions): fences as on timeline 1 (_claim).
+CLAIM_PLAIN = CLAIM.replace(TIMELINE_FLOOR, "0::bigint")

@@ -1,0 +1,138 @@
+"""The watchdogs of the ledger's connections: of PostgreSQL's statements on the hot path
+(once.ledger.postgres: one thread that cancels a statement at its first time limit and shuts
+its connection's socket down at its second), and of one whole read of `once serve`
+(ReadWatchdog: its connection's socket shut down when the read outlasts its time).
+
+Imports only the stdlib and once.ledger's base (the socket's shutdown) and dialects (a
+connection's socket).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+from once.ledger.base import shut_down
+from once.ledger.dialects import socket_of
+from once.ledger.url import Target
+
+if TYPE_CHECKING:
+    import psycopg
+
+
+def cancel(conn: psycopg.Connection[Any], timeout: float) -> None:
+    """Cancel the statement in flight on conn (on a thread of its own: a server that does not
+    answer may hold the request up to `timeout`)."""
+    def send() -> None:
+        with suppress(Exception):  # the socket's shutdown is the backstop
+            cancel_safe = getattr(conn, "cancel_safe", None)  # psycopg 3.2
+            if cancel_safe is not None:
+                cancel_safe(timeout=max(1.0, timeout))
+            else:
+                conn.cancel()
+
+    threading.Thread(target=send, daemon=True, name="once-cancel").start()
+
+
+class _StatementWatchdog:
+    """One thread for every statement's time limits, started with the first: a thread a
+    statement (threading.Timer) cost half a millisecond each, two a period in a catch-up.
+    Statements may be in flight on several connections at once (a renewal left stuck in a
+    hung server, and the next statement on a fresh connection)."""
+
+    def __init__(self) -> None:
+        self.forked()
+        # A fork has no thread, and may have copied the lock while the parent's thread held it.
+        os.register_at_fork(after_in_child=self.forked)
+
+    def forked(self) -> None:
+        self._changed = threading.Condition()
+        # token -> (its next deadline, the socket, the cancel still to send, the shutdown's)
+        self._armed: dict[int, tuple[float, int, Callable[[], None] | None, float]] = {}
+        self._cancelled: set[int] = set()
+        self._tokens = 0
+        self._watching = False
+
+    def arm(self, fd: int, cancel_after: float, shut_after: float,
+            cancel: Callable[[], None]) -> int:
+        """Call cancel after cancel_after seconds, shut fd down after shut_after."""
+        with self._changed:
+            if not self._watching:
+                self._watching = True
+                threading.Thread(target=self._watch, daemon=True, name="once-watchdog").start()
+            now = time.monotonic()
+            deadline = now + cancel_after
+            earliest = min((armed[0] for armed in self._armed.values()), default=None)
+            self._tokens += 1
+            self._armed[self._tokens] = (deadline, fd, cancel, now + shut_after)
+            if earliest is None or deadline < earliest:  # else it wakes in time anyway
+                self._changed.notify()
+            return self._tokens
+
+    def disarm(self, token: int) -> bool:
+        """Whether the statement's cancel was sent."""
+        with self._changed:
+            self._armed.pop(token, None)  # the thread wakes at the old deadline, finds nothing
+            cancelled = token in self._cancelled
+            self._cancelled.discard(token)
+            return cancelled
+
+    def _watch(self) -> None:
+        with self._changed:
+            try:
+                while True:
+                    now = time.monotonic()
+                    for token, (deadline, fd, cancel, shut) in list(self._armed.items()):
+                        if deadline > now:
+                            continue
+                        if cancel is not None:
+                            self._cancelled.add(token)
+                            self._armed[token] = (shut, fd, None, shut)
+                            cancel()
+                        else:
+                            del self._armed[token]
+                            shut_down(fd)
+                    deadlines = [armed[0] for armed in self._armed.values()]
+                    self._changed.wait(min(deadlines) - now if deadlines else None)
+            finally:  # never left without a watcher: the next statement starts another
+                self._watching = False
+
+
+WATCHDOG = _StatementWatchdog()
+
+
+class ReadWatchdog:
+    """Shuts a connection's socket down when the whole read on it outlasts its time (once
+    serve's --read-timeout, a second past the statement timeout: a server that answers says
+    why itself)."""
+
+    def __init__(self, timeout: float, target: Target) -> None:
+        self.timeout, self.target = timeout, target
+        self.fired = False
+        self.done = False
+        self.lock = threading.Lock()
+        self.timer: threading.Timer | None = None
+
+    def arm(self, dbapi_conn: object) -> None:
+        fd = socket_of(self.target, dbapi_conn)
+        if fd is None:
+            return
+        self.timer = threading.Timer(self.timeout + 1.0, self._fire, (fd,))
+        self.timer.daemon = True
+        self.timer.start()
+
+    def _fire(self, fd: int) -> None:
+        with self.lock:
+            if not self.done:
+                self.fired = True
+                shut_down(fd)
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.done = True
+        if self.timer is not None:
+            self.timer.cancel()

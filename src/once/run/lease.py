@@ -1,0 +1,203 @@
+"""The claim as its owner holds it: renewed on a heartbeat, lost on 'no row' or at its deadline,
+and the bounded call every ledger statement of an owner goes through. No SQL here.
+
+Shared by the wrapper of `once run` and the Python API (once.api), which renews from a
+thread of its own. Every time here is on the lease clock (once.deadlines.lease_now), which
+counts suspended time. Imports only the standard library and once.deadlines, once.run.guard.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from once.deadlines import lease_now, statement_timeout
+from once.run.guard import FORWARDED
+
+T = TypeVar("T")
+
+
+class NoAnswer(Exception):
+    """The ledger did not answer a statement before the lease's deadline."""
+
+
+class Lease:
+    """The claim as its owner sees it: renewed by a callback, lost on 'no row' or deadline.
+
+    sent_at and every time here are on the lease clock (once.deadlines.lease_now).
+    """
+
+    def __init__(self, renew: Callable[[], bool], stale_after: float, sent_at: float) -> None:
+        self._renew = renew
+        self.stale_after = stale_after
+        self.deadline = sent_at + stale_after
+        self.last_sent = sent_at
+        self.lost = False
+        self.last_error: str = ""
+        # What kind of failure that was (a LedgerError's `failure`: unreachable, transient,
+        # unfit, slow, permanent; "no-answer"), so that a `once:` line names it (once.run.attempt).
+        self.failure = ""
+        # The heartbeat thread was left behind in a statement (or on its way to one): its
+        # connection is its own from then on (never closed under it, never shared).
+        self.stranded = False
+        self.stepping_down = False  # the command is being stopped: see step_down_reason
+        self.overslept = False  # a renewal came due only past the deadline: see renew_once
+        # Held while a statement is in the ledger: the heartbeat thread and the final write
+        # share one connection, and a renewal stuck in a hung server must not be joined by
+        # another statement on it.
+        self.lock = threading.Lock()
+
+    @property
+    def interval(self) -> float:
+        return self.stale_after / 3
+
+    def pause(self, ok: bool) -> float:
+        """How long after the last renewal was sent the next one goes out: an interval; after
+        a failure a quarter of one (at most 1 s, never hammering a dead server), so that a
+        renewal that failed once (a killed connection, a lock held for a moment) is retried
+        well before the step-down's SIGTERM, due an interval after it."""
+        return self.interval if ok else min(self.interval / 4, 1.0)
+
+    @property
+    def expired(self) -> bool:
+        return lease_now() >= self.deadline
+
+    def renew_once(self) -> bool:
+        """One renewal; True when it succeeded. Sets `lost` when the row is no longer ours.
+
+        Past the deadline nothing is sent: the claim may be another's by now, and a heartbeat
+        would make a gone owner look alive for one more promise. A renewal first due then
+        means that this process could not run (stopped, suspended, starved), not that the
+        ledger failed."""
+        if self.expired:
+            self._overslept()
+            return False
+        if self.stepping_down:  # the command is being stopped: a renewal only holds it up
+            return False
+        with self.lock:
+            sent = self.last_sent = lease_now()
+            try:
+                ours = self._renew()
+            except Exception as exc:  # keep trying until the deadline
+                self.last_error = str(exc)
+                self.failure = getattr(exc, "failure", "unreachable")  # a LedgerError's word
+                return False
+        if ours:
+            # An answer that came too late (past the deadline, or once the command was being
+            # stopped) does not undo a step-down, nor the reason it gives.
+            if not (self.expired or self.stepping_down):
+                self.last_error = ""
+            self.deadline = max(self.deadline, sent + self.stale_after)
+        else:
+            self.lost = True
+        return ours
+
+    @staticmethod
+    def now() -> float:
+        """The clock of every lease deadline (once.deadlines.lease_now)."""
+        return lease_now()
+
+    def call(self, action: Callable[[], T], until: float | None = None) -> T:
+        """Run one ledger statement under the lock; raise NoAnswer at `until` (default: the
+        deadline).
+
+        A driver may wait for ever on a server that stopped answering (psycopg has no
+        client-side statement timeout): the statement then runs on a helper thread, which is
+        left behind. Past `until` it still gets a short wait of its own.
+        """
+        floor = statement_timeout(self.stale_after)
+        limit = self.deadline if until is None else until
+        if not self.lock.acquire(timeout=max(floor, limit - lease_now())):
+            raise NoAnswer("a renewal got no answer from the ledger")
+        box: list[T] = []
+        error: list[BaseException] = []
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                box.append(action())
+            except BaseException as exc:  # handed to the caller
+                error.append(exc)
+            finally:
+                self.lock.release()
+                done.set()
+
+        worker = _Worker.get()
+        worker.submit(work)
+        if not done.wait(max(floor, limit - lease_now())):
+            worker.abandon()  # stuck in the driver: later calls get a worker of their own
+            raise NoAnswer("the final write got no answer from the ledger")
+        if error:
+            raise error[0]
+        return box[0]
+
+    def keep_alive(self, stop: threading.Event) -> None:
+        """Renew every stale_after/3, counted from when the last renewal was sent (sooner
+        after a failure, but never hammering a dead server), until stop is set, the row is
+        lost or the deadline passes. For a thread of its own (the Python API's)."""
+        ok = True
+        while not (self.lost or self.expired):
+            if stop.wait(max(0.0, self.last_sent + self.pause(ok) - self.now())):
+                return
+            ok = self.renew_once()
+
+    def step_down_reason(self) -> None:
+        """The owner steps down: keep the reason. With no error seen, a renewal is still
+        waiting for an answer."""
+        self.stepping_down = True
+        if self.lock.locked():  # a renewal is in the ledger
+            if not self.lost and not self.last_error:
+                self.last_error = "a renewal got no answer from the ledger"
+                self.failure = "no-answer"
+        elif not self.lost:
+            self._overslept()
+
+    def _overslept(self) -> None:
+        """No renewal failed, none is under way, and the deadline came: this process did not
+        get to renew in time."""
+        if not self.last_error:
+            self.overslept = True
+            self.last_error = ("its deadline passed before this process could renew (it was "
+                               "stopped or suspended, or its claim took that long)")
+
+
+class _Worker:
+    """One thread that runs the statements Lease.call bounds, one after another: a catch-up
+    writes a result per period, and a thread each cost more than the write. A worker left
+    stuck in a hung statement is abandoned (its statement may still finish) and replaced."""
+
+    _current: _Worker | None = None
+    _guard = threading.Lock()
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, daemon=True, name="once-finish")
+        self.thread.start()
+
+    @classmethod
+    def get(cls) -> _Worker:
+        with cls._guard:
+            worker = cls._current
+            # A fork (the Python API's) has no threads: its parent's worker is not its own.
+            if worker is None or worker.pid != os.getpid() or not worker.thread.is_alive():
+                worker = cls._current = _Worker()
+            return worker
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.jobs.put(job)
+
+    def abandon(self) -> None:
+        with self._guard:
+            if _Worker._current is self:
+                _Worker._current = None
+
+    def _serve(self) -> None:
+        # Signals are the main thread's business: keep them from interrupting a statement.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {*FORWARDED, signal.SIGCHLD})
+        while True:
+            self.jobs.get()()

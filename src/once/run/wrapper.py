@@ -1,0 +1,359 @@
+"""The child: start it, keep its claim (once.run.lease) alive, stop it when the claim is lost.
+No SQL here. The rules of what to do when are once.run.machine's; this is their I/O shell.
+
+The command runs under a guard process (once.run.guard): the guard dies with the wrapper and
+takes the command's whole process group with it; the command dies with the guard.
+
+The wrapper forwards SIGTERM, SIGINT and SIGHUP to the group, escalates to SIGKILL after
+--kill-after, and steps down (kills the group, reports FENCED_OUT) when a renewal finds the row
+taken or when renewals keep failing towards the lease's deadline: the moment the last
+successful renewal was *sent* plus --stale-after, on the lease clock (once.deadlines, which
+counts suspended time). The command is dead by that deadline: SIGTERM goes out --kill-after
+before it (capped at a third of --stale-after), SIGKILL at it. The guard watches the same
+deadline on its own, for a wrapper that is stopped or wedged.
+
+When the guard dies on its own (SIGKILL, the OOM killer), the wrapper notices at once (its
+report pipe closes), kills the group and reports GUARD_DIED: the command was killed with its
+guard, which core records as failed (outcome `guard-died`, status 137). Nothing of the group
+can run by then, so the retry that the failure allows never starts beside it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from once.deadlines import lease_now, max_grace
+from once.run import guard as _guard
+from once.run import machine
+from once.run.lease import Lease
+from once.run.machine import Outcome as Outcome  # once.run.flow's, from here
+
+if TYPE_CHECKING:
+    from once.run.keeper import Keeper
+    from once.run.relay import Relay
+
+FORWARDED = _guard.FORWARDED
+
+
+def run(
+    command: Sequence[str],
+    env: dict[str, str],
+    lease: Lease | None,
+    kill_after: float = 10.0,
+    timeout: float | None = None,
+    on_start: Callable[[], None] | None = None,
+    output_tail: int = 0,
+    keeper: Keeper | None = None,
+) -> Outcome:
+    """Run command to its end (or ours) under lease; return how it ended.
+
+    kill_after is cut to fit the lease (once.deadlines.max_grace): the command must be dead
+    by the lease's deadline. on_start is called once the command is on its way (after the
+    fork: it may start threads). output_tail: keep the last bytes of the command's stdout and
+    stderr where they are not a terminal (once.run.relay); 0: leave them alone. keeper: a
+    catch-up's guard, kept from one period to the next (once.run.keeper); None: a guard forked
+    for this command alone.
+    """
+    tty = _foreground_tty()
+    grace = kill_after if lease is None else min(kill_after, max_grace(lease.stale_after))
+    kept = keeper.session() if keeper is not None else None  # before _fresh: it may start one
+    if lease is not None and not _fresh(lease, grace):
+        lease.step_down_reason()
+        return Outcome("fenced-out", 0, message="the command was not started")
+    supervisor = _Supervisor(lease, grace, timeout, kept)
+    relay = _relay(output_tail)
+    spawn = kept.spawn if kept is not None else _guard.spawn
+    # Handlers go in before the fork: a signal that arrives while the guard starts is
+    # forwarded, not lost (nor fatal to a wrapper whose guard would then kill the command).
+    with supervisor.signals():
+        try:
+            guard, report = spawn(
+                list(command), env, tty, _title(env), supervisor.ignored, supervisor.watch(),
+                supervisor.own_fds() + (relay.own_fds() if relay else ()),
+                relay.child_fds() if relay else None)
+        except BaseException:
+            if relay is not None:
+                relay.close_unforked()
+            raise
+        if relay is not None:
+            relay.forked()
+            supervisor.relay, supervisor.tty = relay, tty
+        if on_start is not None:
+            on_start()
+        try:
+            return supervisor.wait(guard, report)
+        finally:
+            if kept is None:
+                os.close(report)
+            else:
+                kept.ended(supervisor.kept, lease is not None and lease.stranded)
+            if tty is not None:
+                _guard.take_terminal(tty, os.getpgrp())
+            if relay is not None:
+                relay.end(0.0)  # on the way out of an error: no waiting for the rest
+
+
+def signal_name(number: int) -> str:
+    """A signal's name (SIGTERM), for a `once:` line."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _relay(output_tail: int) -> Relay | None:
+    """A once.run.relay.Relay when a stream is to be relayed, else None (imported only then)."""
+    if output_tail <= 0:
+        return None
+    from once.run.relay import Relay
+
+    relay = Relay(output_tail)
+    return relay if relay.active else None
+
+
+def _fresh(lease: Lease, grace: float) -> bool:
+    """Whether the lease leaves the command's first renewal its chance; renewed if need be.
+
+    The claim may have taken longer than a renewal interval (a loaded machine, a first use
+    that created the tables): the SIGTERM before the deadline could then be due before the
+    first renewal was even sent. Renewed here, once, before the command starts; a command
+    that would be stopped at once is not started at all.
+    """
+    if lease_now() >= lease.last_sent + lease.interval:
+        lease.renew_once()
+    return not lease.lost and lease_now() < lease.deadline - grace
+
+
+def _title(env: dict[str, str]) -> str:
+    """The guard's name in ps: once-guard JOB PERIOD[#SHARD]."""
+    shard = env.get("ONCE_SHARD")
+    period = env.get("ONCE_PERIOD", "") + (f"#{shard}" if shard else "")
+    return " ".join(["once-guard", env.get("ONCE_JOB", ""), period]).strip()
+
+
+# -- the wrapper's side ------------------------------------------------------------------------
+
+
+class _Supervisor:
+    """The I/O shell around once.run.machine: it feeds the machine what happened (the guard's
+    report, signals, the clock, the lease) and performs what it says (killpg, the lease's
+    step-down, the heartbeat, the guard's reaping)."""
+
+    def __init__(self, lease: Lease | None, grace: float, timeout: float | None,
+                 keeper: Keeper | None = None) -> None:
+        self.guard, self.report = 0, -1
+        self.guard_status: int | None = None
+        self.lease, self.grace, self.timeout = lease, grace, timeout
+        self.kept_guard = keeper is not None  # its deadline pipe is its keeper's
+        self.state = machine.start(lease_now(), grace, timeout, self.kept_guard)
+        self.pending: list[int] = []
+        # As PID 1 (a container's init) we inherit every orphan of the command's tree and
+        # must reap them as they die; otherwise we wait for the guard alone, so that a
+        # program importing once keeps the statuses of its own children.
+        self.reap_all = os.getpid() == 1
+        # A signal ignored when once started (nohup, a shell's background job) stays
+        # ignored by the command and is not forwarded.
+        self.ignored = frozenset(sig for sig in FORWARDED
+                                 if signal.getsignal(sig) == signal.SIG_IGN)
+        self.relay: Relay | None = None  # its idle pipes are watched here (once.run.relay)
+        self.tty: int | None = None  # the terminal to take back before the relay's last bytes
+        self.stop_heartbeat = threading.Event()
+        # Started when the first renewal is due: a command that ends sooner (most of a
+        # catch-up's) never needs it, nor the cost of creating it.
+        self.beat: threading.Thread | None = None
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        # The guard keeps its own copy of the lease's deadline, renewed through this pipe,
+        # and stops the command itself when it passes: a stopped or wedged wrapper cannot.
+        self.deadline_r, self.deadline_w = (-1, -1) if lease is None else (
+            keeper.deadline if keeper is not None and keeper.deadline else _deadline_pipe())
+
+    @property
+    def kept(self) -> bool:
+        """A kept guard (once.run.keeper) said `ready` and waits for the next period."""
+        return self.state.kept
+
+    def watch(self) -> _guard.Watch | None:
+        """What the guard needs to step down on its own: (pipe, deadline, grace)."""
+        if self.lease is None:
+            return None
+        return self.deadline_r, self.lease.deadline, self.grace
+
+    def own_fds(self) -> tuple[int, ...]:
+        """The wrapper's pipe ends, which the guard closes (it keeps deadline_r)."""
+        return tuple(fd for fd in (self.wake_r, self.wake_w, self.deadline_w) if fd >= 0)
+
+    @contextmanager
+    def signals(self) -> Iterator[None]:
+        handled = [sig for sig in FORWARDED if sig not in self.ignored]
+        if self.reap_all:
+            handled.append(signal.SIGCHLD)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in handled}
+        old_wakeup = signal.set_wakeup_fd(self.wake_w)
+        try:
+            yield
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+            for fd in (self.deadline_r, self.deadline_w):
+                if fd >= 0 and not self.kept_guard:  # a kept guard's pipe is its keeper's
+                    os.close(fd)
+
+    def wait(self, guard: int, report: int) -> Outcome:
+        self.guard, self.report = guard, report
+        self.state = machine.start(lease_now(), self.grace, self.timeout, self.kept_guard)
+        try:
+            self._loop()
+            output = self._deliver() if self.relay is not None else None
+        finally:
+            self.stop_heartbeat.set()
+        beat = self.beat
+        if beat is not None and beat.is_alive():
+            # A renewal in flight normally returns at once; one stuck in a hung server is
+            # left behind (the final write waits for the lease's lock, up to the deadline).
+            assert self.lease is not None
+            beat.join(max(1.0, self.lease.deadline - lease_now()))
+            self.lease.stranded = beat.is_alive()
+        outcome, actions = machine.outcome(self.state, self.guard_status)
+        self._perform(actions)
+        return replace(outcome, output=output)
+
+    def _terms(self) -> machine.Terms | None:
+        lease = self.lease
+        if lease is None:
+            return None
+        return machine.Terms(lease.deadline, lease.lost, lease.last_sent, lease.interval)
+
+    def _loop(self) -> None:
+        """Wait for the guard's report while acting on signals, timers and the lease."""
+        while self.state.phase is not machine.Phase.GONE:
+            idle = self.relay.idle() if self.relay is not None else []
+            pause = machine.next_timer(self.state, lease_now(), self._terms())
+            readable = _guard.ready([self.report, self.wake_r, *idle],
+                                    min(_guard.MAX_SLEEP, pause))
+            for fd in set(readable).intersection(idle):
+                self.relay.stirred(fd)  # type: ignore[union-attr]  # the command spoke
+            if self.wake_r in readable:
+                os.read(self.wake_r, 512)
+            events: list[machine.Event] = []
+            if self.report in readable:  # b"": the guard is gone, its report complete
+                events.append(machine.Report(os.read(self.report, 512)))
+            if self.reap_all:
+                self._reap(block=False)
+            signals = self.pending[:]
+            del self.pending[:len(signals)]  # one bytecode: a signal handled meanwhile stays
+            events += map(machine.Signal, signals)
+            self.state, actions = machine.step(self.state, lease_now(), self._terms(), *events)
+            self._perform(actions)
+
+    def _perform(self, actions: list[machine.Action]) -> None:
+        for action in actions:
+            if isinstance(action, machine.Kill):
+                # The group keeps the guard's pid as its id while any member lives, even
+                # after the guard is reaped, so this never reaches a stranger.
+                with suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.guard, action.number)
+            elif isinstance(action, machine.StepDown):
+                assert self.lease is not None
+                self.lease.step_down_reason()
+            elif isinstance(action, machine.Beat):
+                self.beat = threading.Thread(target=self._heartbeat, daemon=True)
+                self.beat.start()
+            else:
+                self._reap(block=True)
+
+    def _deliver(self) -> bytes:
+        """The command has ended: the relay delivers what it left in the pipes (once.run.relay),
+        at the reader's pace, while the claim is renewed as it was while the command ran: a
+        slow reader of once's output holds the period as it would have held the command.
+        Cut short by a signal to once, or by the lease's loss: the result comes first. A
+        command that once was stopping (a forwarded signal, --timeout, a step-down) had the
+        grace to end; its output gets as long (at least DRAIN), so that a reader that never
+        reads cannot keep `systemctl stop` or --timeout from being recorded."""
+        from once.run.relay import DRAIN
+
+        relay = self.relay
+        assert relay is not None
+        if self.tty is not None:  # `once run ... | less`: less reads the keyboard meanwhile
+            _guard.take_terminal(self.tty, os.getpgrp())
+        relay.end()
+        lease = self.lease
+        stopped_at = self.state.stopped_at
+        until = (None if stopped_at is None
+                 else max(stopped_at + self.grace, lease_now() + DRAIN))
+        while relay.running() and not self.pending:
+            now = lease_now()
+            if until is not None and now >= until:
+                break
+            if lease is not None:
+                if lease.lost or lease.expired:
+                    break
+                self.state, actions = machine.beat_due(self.state, now, self._terms())
+                self._perform(actions)
+            relay.join(0.2 if until is None else min(0.2, until - now))
+        return relay.output()
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if signum != signal.SIGCHLD:
+            self.pending.append(signum)
+
+    def _heartbeat(self) -> None:
+        assert self.lease is not None
+        # Signals are the main thread's business: keep them from interrupting a statement.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {*FORWARDED, signal.SIGCHLD})
+        lease = self.lease
+        ok = True
+        while True:
+            # Every --stale-after/3 counted from when the last renewal was sent; after a
+            # failure, sooner (Lease.pause).
+            if self.stop_heartbeat.wait(max(0.0, lease.last_sent + lease.pause(ok) - lease_now())):
+                return
+            ok = lease.renew_once()
+            if ok:
+                with suppress(OSError):  # the guard is gone (or its pipe full: it is awake)
+                    os.write(self.deadline_w, f"{lease.deadline!r}\n".encode())
+            if lease.lost or lease.expired:
+                self._wake(b"h")
+                return
+
+    def _wake(self, byte: bytes) -> None:
+        with suppress(OSError):  # the pipe is full: the loop is awake anyway
+            os.write(self.wake_w, byte)
+
+    def _reap(self, block: bool) -> None:
+        """Collect the guard's status (and, as PID 1, every orphan's)."""
+        while self.guard_status is None or self.reap_all:
+            target = -1 if self.reap_all else self.guard
+            waiting = block and self.guard_status is None
+            try:
+                pid, status = os.waitpid(target, 0 if waiting else os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.guard:
+                self.guard_status = status
+
+def _deadline_pipe() -> tuple[int, int]:
+    pipe = os.pipe()
+    os.set_blocking(pipe[1], False)
+    return pipe
+
+
+def _foreground_tty() -> int | None:
+    """fd 0 when we run in the foreground of a terminal (the command should, too)."""
+    try:
+        if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
+            return 0
+    except OSError:
+        pass
+    return None

@@ -1,0 +1,377 @@
+"""A three-node MariaDB Galera cluster on loopback, for tests/integration/test_galera.py: three
+`mariadbd --wsrep-on=ON` from Debian's mariadb-server and galera-4, each with a data
+directory of its own, SQL on 331N, group communication on 456N, incremental state transfer
+on 457N and snapshot transfer (rsync) on 458N. The first node starts a new cluster, the
+other two join it empty and get its data by rsync. Run as the `mysql` user (as root, the
+joiner's rsync would write as `nobody` and fail). Optional: haproxy on 3310 in front of it,
+node 1 the writer, nodes 2 and 3 its backups, as Galera is usually fronted.
+
+Started once per session by tests/conftest.py when ONCE_TEST_BACKENDS names `galera` (a
+cluster that does not start fails the session, never skips), stopped at its end. Its fixture,
+registered by tests/conftest.py: `galera` (the cluster, whole: a node a test killed is brought
+back before the next test gets it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import pytest
+
+from helpers import wait_for
+from ledger_sql import server_rows
+from procs import reaped
+
+NODES = (1, 2, 3)
+PROVIDER = "/usr/lib/galera/libgalera_smm.so"
+PROXY_PORT = 3310
+
+
+def sql_port(node: int) -> int:
+    return 3310 + node
+
+
+class GaleraCluster:
+    """Three Galera nodes of one cluster, each killable and brought back whole."""
+
+    def __init__(self) -> None:
+        self.mariadbd = shutil.which("mariadbd") or shutil.which("mariadbd", path="/usr/sbin")
+        self.install = shutil.which("mariadb-install-db")
+        missing = [what for what, found in (("mariadbd", self.mariadbd),
+                                            ("mariadb-install-db", self.install),
+                                            (PROVIDER, os.path.exists(PROVIDER)),
+                                            ("rsync", shutil.which("rsync")))
+                   if not found]
+        if missing:
+            raise RuntimeError(f"a Galera cluster needs {', '.join(missing)} (Debian's "
+                               f"mariadb-server, galera-4 and rsync)")
+        _reclaim_abandoned()
+        busy = [port for port in (PROXY_PORT, *(p for n in NODES for p in self._ports(n)))
+                if _listening(port)]
+        if busy:
+            raise RuntimeError(f"port {busy[0]} is taken, which the Galera test cluster needs "
+                               f"(another session's cluster, or not a cluster of ours)")
+        self.root = Path(tempfile.mkdtemp(prefix="once-galera-"))
+        (self.root / "session.pid").write_text(str(os.getpid()))
+        self.as_mysql = os.geteuid() == 0
+        self._own(self.root)
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.proxy: subprocess.Popen[bytes] | None = None
+
+    # -- life ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Node 1 starts a new cluster; 2 and 3 join it (rsync state transfer)."""
+        first = self._datadir(1)
+        subprocess.run([str(self.install), "--no-defaults", f"--datadir={first}",
+                        *self._user(), "--auth-root-authentication-method=normal",
+                        "--skip-test-db"], check=True, capture_output=True, timeout=180)
+        self._launch(1, "--wsrep-new-cluster")
+        wait_for(lambda: self._synced(1), timeout=120, what="Galera node 1 to start")
+        self.join(2, 3)
+
+    def join(self, *nodes: int) -> None:
+        """Start these nodes empty: each joins the cluster and receives its data."""
+        for node in nodes:
+            shutil.rmtree(self.root / f"n{node}", ignore_errors=True)
+            self._datadir(node)
+            self._launch(node)
+        for node in nodes:
+            wait_for(lambda n=node: self._synced(n), timeout=180,  # type: ignore[misc]
+                     what=f"Galera node {node} to join")
+        wait_for(lambda: all(self.size(n) == len(NODES) for n in NODES), timeout=60,
+                 what="the cluster to count three nodes on each")
+
+    def kill(self, node: int) -> None:
+        """SIGKILL the node's server, as a crash of its machine would end it."""
+        proc = self.procs.pop(node)
+        proc.kill()
+        proc.wait(timeout=30)
+
+    def heal(self) -> None:
+        """Bring every node that is down back into the cluster."""
+        down = [node for node in NODES if node not in self.procs
+                or self.procs[node].poll() is not None]
+        if down:
+            self.join(*down)
+
+    def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.terminate()
+            with suppress(subprocess.TimeoutExpired):
+                self.proxy.wait(timeout=10)
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            reaped(proc, 60)
+        self.procs.clear()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # -- haproxy in front ----------------------------------------------------------------
+
+    def start_proxy(self) -> str:
+        """haproxy on 127.0.0.1:3310, node 1 the writer and 2, 3 its backups (a new
+        connection goes to the first that is up); its URL without a database."""
+        if self.proxy is None:
+            haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin")
+            if haproxy is None:
+                raise RuntimeError("haproxy is not installed (Debian's haproxy; .ci/run "
+                                   "installs it)")
+            config = self.root / "haproxy.cfg"
+            config.write_text(_haproxy_config())
+            with open(self.root / "haproxy.log", "wb") as log:
+                self.proxy = subprocess.Popen([haproxy, "-db", "-f", str(config)],
+                                              stdout=log, stderr=log)
+            wait_for(lambda: self._answers(PROXY_PORT), timeout=30, what="haproxy to answer")
+        return f"mariadb://root@127.0.0.1:{PROXY_PORT}"
+
+    # -- reading it ----------------------------------------------------------------------
+
+    def url(self, node: int, database: str) -> str:
+        return f"mariadb://root@127.0.0.1:{sql_port(node)}/{database}"
+
+    def execute(self, node: int, sql: str, database: str | None = None
+                ) -> list[tuple[object, ...]]:
+        return server_rows(sql_port(node), sql, database)
+
+    def new_database(self) -> str:
+        """A fresh database (made on node 1, so on every node): its name."""
+        name = "once_g_" + uuid.uuid4().hex[:12]
+        self.execute(1, f"CREATE DATABASE {name}")
+        wait_for(lambda: all(self.execute(n, f"SHOW DATABASES LIKE '{name}'") for n in NODES),
+                 timeout=30, what=f"database {name} on every node")
+        return name
+
+    @contextmanager
+    def watch(self, node: int) -> Iterator[NodeWatch]:
+        """One connection to the node, held for the block, to refuse its clients' queries and
+        see them come back (the node accepts queries again at the block's end)."""
+        watcher = NodeWatch(node)
+        try:
+            yield watcher
+        finally:
+            watcher.close()
+
+    def size(self, node: int) -> int:
+        rows = self.execute(node, "SHOW STATUS LIKE 'wsrep_cluster_size'")
+        return int(str(rows[0][1])) if rows else 0
+
+    def check(self) -> None:
+        for node in NODES:
+            assert self._synced(node), f"Galera node {node} is not synced"
+
+    def _synced(self, node: int) -> bool:
+        proc = self.procs.get(node)
+        if proc is not None and proc.poll() is not None:
+            log = self.root / f"n{node}" / "error.log"
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+            raise RuntimeError(f"Galera node {node} exited {proc.returncode}:\n{tail}")
+        try:
+            rows = self.execute(node, "SHOW STATUS LIKE 'wsrep_local_state_comment'")
+        except Exception:
+            return False
+        return bool(rows) and rows[0][1] == "Synced"
+
+    def _answers(self, port: int) -> bool:
+        import pymysql
+
+        try:
+            pymysql.connect(host="127.0.0.1", port=port, user="root", connect_timeout=2).close()
+        except Exception:
+            return False
+        return True
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    @staticmethod
+    def _ports(node: int) -> tuple[int, ...]:
+        return sql_port(node), 4560 + node, 4570 + node, 4580 + node
+
+    def _user(self) -> list[str]:
+        return ["--user=mysql"] if self.as_mysql else []
+
+    def _own(self, path: Path) -> None:
+        if self.as_mysql:
+            shutil.chown(path, "mysql", "mysql")
+
+    def _datadir(self, node: int) -> Path:
+        data = self.root / f"n{node}" / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        self._own(data.parent)
+        self._own(data)
+        return data
+
+    def _launch(self, node: int, *extra: str) -> None:
+        home = self.root / f"n{node}"
+        peers = ",".join(f"127.0.0.1:{4560 + n}" for n in NODES)
+        provider = (f"gmcast.listen_addr=tcp://127.0.0.1:{4560 + node};"
+                    f"ist.recv_addr=127.0.0.1:{4570 + node};gcache.size=16M")
+        self.procs[node] = subprocess.Popen(
+            [str(self.mariadbd), "--no-defaults", *self._user(), f"--datadir={home}/data",
+             f"--port={sql_port(node)}", "--bind-address=127.0.0.1",
+             f"--socket={home}/socket", f"--pid-file={home}/pid",
+             f"--log-error={home}/error.log", "--skip-name-resolve", "--skip-log-bin",
+             "--innodb-buffer-pool-size=16M", "--innodb-log-file-size=16M",
+             "--max-connections=300", "--binlog-format=ROW", "--innodb-autoinc-lock-mode=2",
+             "--default-storage-engine=InnoDB", "--wsrep-on=ON", f"--wsrep-provider={PROVIDER}",
+             "--wsrep-cluster-name=once-test", f"--wsrep-cluster-address=gcomm://{peers}",
+             f"--wsrep-node-address=127.0.0.1:{4560 + node}", f"--wsrep-node-name=n{node}",
+             "--wsrep-sst-method=rsync", f"--wsrep-sst-receive-address=127.0.0.1:{4580 + node}",
+             f"--wsrep-provider-options={provider}", *extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+class NodeWatch:
+    """A node's queries refused (wsrep_reject_queries = ALL: error 1047 for every statement,
+    as outside a Primary component) until a client reconnects, which `once` does only after a
+    statement failed. One connection of its own, so that the count of connections the node
+    has seen grows by the others' alone."""
+
+    def __init__(self, node: int) -> None:
+        import pymysql
+
+        self.conn = pymysql.connect(host="127.0.0.1", port=sql_port(node), user="root",
+                                    autocommit=True, connect_timeout=5)
+
+    def connections(self) -> int:
+        with self.conn.cursor() as cur:
+            cur.execute("SHOW GLOBAL STATUS LIKE 'Connections'")
+            return int(cur.fetchone()[1])
+
+    def reject(self, on: bool) -> None:
+        with self.conn.cursor() as cur:
+            cur.execute(f"SET GLOBAL wsrep_reject_queries = {'ALL' if on else 'NONE'}")
+
+    @contextmanager
+    def refusing(self) -> Iterator[None]:
+        """Refuse every statement from the block's start until a client reconnects after it
+        (or, on failure, the block's end)."""
+        before = self.connections()
+        self.reject(True)
+        try:
+            yield
+            wait_for(lambda: self.connections() > before, timeout=60,
+                     what="a client to reconnect after a refused statement")
+        finally:
+            self.reject(False)
+
+    def close(self) -> None:
+        with suppress(Exception):
+            self.reject(False)
+        self.conn.close()
+
+
+def _haproxy_config() -> str:
+    # TCP checks every 200 ms, down after two misses; a connection refused by a server not yet
+    # marked down goes to the next one (redispatch).
+    servers = "\n".join(
+        f"    server n{n} 127.0.0.1:{sql_port(n)} check{'' if n == 1 else ' backup'}"
+        for n in NODES)
+    return f"""global
+    maxconn 1000
+
+defaults
+    mode tcp
+    retries 3
+    option redispatch
+    timeout connect 2s
+    timeout client 1h
+    timeout server 1h
+    default-server inter 200ms fall 2 rise 2
+
+listen galera
+    bind 127.0.0.1:{PROXY_PORT}
+{servers}
+"""
+
+
+def _reclaim_abandoned() -> None:
+    """Stop the servers of a cluster whose session died (SIGKILL, or SIGTERM without its
+    atexit) and remove its directory; a live session's cluster is left alone."""
+    import signal
+
+    roots: dict[Path, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        root = next((Path(arg.partition("=")[2]).parents[1] for arg in argv
+                     if arg.startswith(f"--datadir={tempfile.gettempdir()}/once-galera-")),
+                    None) or next((Path(arg).parent for arg in argv
+                                   if arg.endswith("haproxy.cfg") and "/once-galera-" in arg),
+                                  None)
+        if root is not None and proc.name.isdigit():
+            roots.setdefault(root, []).append(int(proc.name))
+    for root, pids in roots.items():
+        owner = root / "session.pid"
+        with suppress(OSError, ValueError):
+            if _running(int(owner.read_text())):
+                continue  # its session is alive
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_for(lambda ps=pids: not any(map(_running, ps)),  # type: ignore[misc]
+                 timeout=30, what=f"the abandoned cluster in {root} to stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a container's init may never reap what it inherits)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+_cluster: GaleraCluster | None = None
+
+
+def cluster() -> GaleraCluster:
+    """The session's cluster, started on first use (tests/conftest.py's session start)."""
+    global _cluster
+    if _cluster is None:
+        started = GaleraCluster()
+        try:
+            started.start()
+        except BaseException:
+            started.stop()
+            raise
+        atexit.register(stop_cluster)  # the session's end stops it too; this, if it died
+        _cluster = started
+    return _cluster
+
+
+def stop_cluster() -> None:
+    global _cluster
+    if _cluster is not None:
+        _cluster.stop()
+        _cluster = None
+
+
+@pytest.fixture
+def galera() -> Iterator[GaleraCluster]:
+    """The cluster, all three nodes synced (a node an earlier test killed is back)."""
+    from conftest import BACKENDS
+
+    if "galera" not in BACKENDS:
+        pytest.skip("name galera in ONCE_TEST_BACKENDS for the Galera cluster's tests")
+    started = cluster()
+    started.heal()
+    yield started
+
