@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -11,11 +13,14 @@ from typing import Any
 
 import pytest
 
+from child_log import stable_day
 from helpers import run_either, wait_for
 from ledger_sql import query, scalar
 from once.ledger import parse_url
 from once.ledger.schema import BEFORE_5, SCHEMA_VERSION
 from procs import start_once
+
+sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
 
 @pytest.mark.parametrize("url", ["sqlite:////nonexistent/dir/ledger.db",
@@ -343,3 +348,51 @@ def test_a_claim_held_up_past_its_stale_after_before_its_last_try_still_runs(
     assert owner.returncode == 0, err
     assert ran.read_text() == "x\n"
     assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 1)]
+
+
+@sqlite_only
+def test_sqlite_a_first_use_waits_for_another_first_uses_write_lock(
+        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    """A first use turns the new file to WAL: the switch reads the file's header, then asks
+    for the write lock, which SQLite refuses at once (no busy timeout: the wait could
+    deadlock) while another connection holds it, as another first use does in its claim's
+    BEGIN IMMEDIATE or in its own switch. The fire exited 75 (`cannot create the ledger's
+    tables ...: database is locked`); it must wait for the lock, as for any other."""
+    from once.ledger.sqlite import _PeriodLocks
+
+    path = parse_url(ledger_url).path
+    stable_day()
+    # The other first use: the write lock on the new file, held until told.
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    # The fire's period, held by a claimer mid-claim: the fire only reads before it creates
+    # the tables (it meets them missing), so that its first write is the WAL switch.
+    claimer = _PeriodLocks(path)
+    assert claimer.acquire(("k", datetime.now(UTC).date().isoformat()))
+    ran = tmp_path / "ran"
+    try:
+        fire = start_once("run", "--job", "k", "--every", "day", "--", "touch", str(ran),
+                          env=once_env)
+        locks = os.path.realpath(path + ".locks")
+        wait_for(lambda: fire.poll() is not None or _has_open(fire.pid, locks),
+                 what="the fire to try the period's lock")
+        # Past its switch to WAL (the first statement of its table creation), made while
+        # the lock is held: the fire waits there, where it exited 75 at once.
+        time.sleep(2)
+        assert fire.poll() is None, fire.communicate()[1]
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+        claimer.close()
+    _, err = fire.communicate(timeout=60)
+    assert fire.returncode == 0, err
+    assert ran.exists()
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("done", 1)]
+    assert scalar(ledger_url, "PRAGMA journal_mode") == "wal"
+
+
+def _has_open(pid: int, path: str) -> bool:
+    try:
+        return any(os.path.realpath(fd) == path for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:  # it has ended
+        return False

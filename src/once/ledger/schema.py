@@ -302,7 +302,6 @@ def _prepare_sqlite_file(target: Target) -> None:
     """WAL for concurrent readers; a warning when the file sits on a network filesystem."""
     if not of(target).file or target.path == ":memory:":
         return
-    import sqlite3
     import sys
 
     create_private(target)  # the default ledger: the user's alone
@@ -315,9 +314,37 @@ def _prepare_sqlite_file(target: Target) -> None:
             f"({fstype}); its locks are unreliable there: use PostgreSQL or MySQL for a fleet",
             file=sys.stderr,
         )
-    conn = sqlite3.connect(target.path, timeout=30)
+    _into_wal(target.path, of(target).schema_connect_timeout)
+
+
+def _into_wal(path: str, timeout: float) -> None:
+    """PRAGMA journal_mode=WAL, in turn behind any other connection's write lock.
+
+    The switch reads the file's header, then asks for the write lock to rewrite it. While
+    another connection holds that lock (another first use: its claim's BEGIN IMMEDIATE, which
+    met the tables missing, or its own switch), SQLite refuses the reader's ask at once,
+    SQLITE_BUSY without the busy timeout (waiting while reading could deadlock): a first use
+    exited 75 with `database is locked`. It then waits for the lock as every statement does
+    (BEGIN IMMEDIATE, the busy timeout), lets it go and switches again: a switch the other
+    made leaves this one a read. `timeout` bounds all of it.
+    """
+    import sqlite3
+    import time
+
+    give_up = time.monotonic() + timeout
+    conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
     try:
-        conn.execute("PRAGMA journal_mode=WAL")
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                left = give_up - time.monotonic()
+                if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or left <= 0:
+                    raise
+            conn.execute(f"PRAGMA busy_timeout = {max(1, int(left * 1000))}")
+            conn.execute("BEGIN IMMEDIATE")  # the other's write lock, waited for
+            conn.execute("ROLLBACK")
     finally:
         conn.close()
 
