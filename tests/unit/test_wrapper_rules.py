@@ -385,7 +385,7 @@ class FakeKeeper:
         self.deadline = os.pipe()
         self.report = _report(report)
 
-    def session(self) -> FakeKeeper:
+    def session(self, beat: Any = None) -> FakeKeeper:
         self.calls.append("session")
         return self
 

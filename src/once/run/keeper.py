@@ -28,6 +28,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
@@ -56,19 +57,28 @@ class Keeper:
         self.report = -1
         self.deadline: tuple[int, int] | None = None  # (read, write): outlives its guards
 
-    def session(self) -> Keeper | None:
-        """Self with a live guard up and waiting for a period, else None."""
+    def session(self, beat: Callable[[], float] | None = None) -> Keeper | None:
+        """Self with a live guard up and waiting for a period, else None. beat, called while a
+        new guard is awaited, keeps the period's claim alive and says how long to wait before
+        it is called again (no heartbeat runs before the command starts)."""
         if self.pid and self.said_hello and not self._idle():
             self._stop()  # it died between periods (or said what it should not have)
         if self.usable and not self.pid:
             self._start()
         if self.pid and not self.said_hello:
-            self.said_hello = _guard.ready([self.report], HELLO_WAIT) != set() and (
-                os.read(self.report, 64) == b"hello\n")
+            self.said_hello = self._hello(beat)
             if not self.said_hello:  # it cannot start here: forked guards from now on
                 self.usable = False
                 self._stop()
         return self if self.pid else None
+
+    def _hello(self, beat: Callable[[], float] | None) -> bool:
+        """Whether the new guard says hello within HELLO_WAIT, beat called between looks."""
+        give_up = time.monotonic() + HELLO_WAIT
+        while (left := give_up - time.monotonic()) > 0:
+            if _guard.ready([self.report], left if beat is None else min(left, beat())):
+                return os.read(self.report, 64) == b"hello\n"
+        return False
 
     def spawn(self, command: list[str], env: dict[str, str], tty: int | None, title: str,
               ignored: frozenset[int], watch: _guard.Watch | None,

@@ -62,7 +62,8 @@ def run(
     """
     tty = _foreground_tty()
     grace = kill_after if lease is None else min(kill_after, max_grace(lease.stale_after))
-    kept = keeper.session() if keeper is not None else None  # before _fresh: it may start one
+    # Before _fresh: it may start a guard, and the lease must outlive the wait for it.
+    kept = keeper.session(_beat(lease)) if keeper is not None else None
     if lease is not None and not _fresh(lease, grace):
         lease.step_down_reason()
         return Outcome("fenced-out", 0, message="the command was not started")
@@ -115,6 +116,27 @@ def _relay(output_tail: int) -> Relay | None:
 
     relay = Relay(output_tail)
     return relay if relay.active else None
+
+
+def _beat(lease: Lease | None) -> Callable[[], float] | None:
+    """What keeps the claim alive while a catch-up's new guard starts (once.run.keeper): the
+    heartbeat starts with the command, and a guard slow to say hello (a loaded machine, a
+    stop) would let a short --stale-after lapse. Renews when due, as _fresh does; the time
+    to the next renewal (a lease lost or past its deadline is left to _fresh)."""
+    if lease is None:
+        return None
+
+    def due() -> float:
+        return lease.last_sent + lease.pause(not lease.last_error)
+
+    def beat() -> float:
+        if lease.lost or lease.expired or lease.stepping_down:
+            return float("inf")  # nothing to renew
+        if lease_now() >= due():
+            lease.renew_once()
+        return max(0.0, due() - lease_now())
+
+    return beat
 
 
 def _fresh(lease: Lease, grace: float) -> bool:
