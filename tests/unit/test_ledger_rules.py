@@ -46,16 +46,23 @@ class OperationalError(Exception):
     """A DB-API driver's connection failure, by its class name (as PyMySQL's)."""
 
 
-def _sqlite_error(sql: str) -> sqlite3.Error:
-    conn = sqlite3.connect(":memory:")
-    conn.execute("CREATE TABLE t (a)")
+def _refused(conn: sqlite3.Connection, sql: str, params: tuple[object, ...] = (),
+             *others: sqlite3.Connection) -> sqlite3.Error:
+    """The error conn raises for sql (conn and others closed after); AssertionError if it ran."""
     try:
-        conn.execute(sql)
+        conn.execute(sql, params)
     except sqlite3.Error as exc:
         return exc
     finally:
-        conn.close()
+        for opened in (conn, *others):
+            opened.close()
     raise AssertionError(f"{sql} did not fail")
+
+
+def _sqlite_error(sql: str) -> sqlite3.Error:
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (a)")
+    return _refused(conn, sql)
 
 
 @pytest.mark.parametrize("dialect, exc, table, column", [
@@ -88,39 +95,20 @@ def _sqlite_locked() -> sqlite3.Error:
     holder.execute("BEGIN IMMEDIATE")
     holder.execute("INSERT INTO t VALUES (1)")
     other = sqlite3.connect(uri, uri=True, timeout=0)
-    try:
-        other.execute("INSERT INTO t VALUES (2)")
-    except sqlite3.Error as exc:
-        return exc
-    finally:
-        other.close()
-        holder.close()
-    raise AssertionError("the table was not locked")
+    return _refused(other, "INSERT INTO t VALUES (2)", (), holder)
 
 
 def _sqlite_too_big() -> sqlite3.Error:
     conn = sqlite3.connect(":memory:")
     conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1000)
-    try:
-        conn.execute("SELECT ?", ("x" * 2000,))
-    except sqlite3.Error as exc:
-        return exc
-    finally:
-        conn.close()
-    raise AssertionError("the value was taken")
+    return _refused(conn, "SELECT ?", ("x" * 2000,))
 
 
 def _sqlite_read_only(tmp_path: Path) -> sqlite3.Error:
     path = tmp_path / "ro.db"
     sqlite3.connect(path).execute("CREATE TABLE t (a)").connection.close()
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        conn.execute("INSERT INTO t VALUES (1)")
-    except sqlite3.Error as exc:
-        return exc
-    finally:
-        conn.close()
-    raise AssertionError("a read-only database took a write")
+    return _refused(conn, "INSERT INTO t VALUES (1)")
 
 
 def _mysql_error(code: int, message: str) -> Exception:
