@@ -17,6 +17,7 @@ from child_log import stable_day
 from helpers import run_either, wait_for
 from ledger_sql import query, scalar
 from once.ledger import parse_url
+from once.ledger.pg_claim import stored_claim
 from once.ledger.schema import BEFORE_5, SCHEMA_VERSION
 from procs import start_once
 
@@ -36,6 +37,9 @@ def test_schema_sql_prints_ddl_and_touches_no_database(url: str, once_env: dict[
         assert "utf8mb4_bin" in result.stdout and "DATETIME(6)" in result.stdout
     if url.startswith("postgresql"):
         assert "TIMESTAMP WITH TIME ZONE" in result.stdout
+        assert f"CREATE FUNCTION {stored_claim().name}(" in result.stdout
+    else:
+        assert "once_claim_" not in result.stdout
 
 
 def test_an_older_ledger_is_upgraded_in_place(once_env: dict[str, str], ledger_url: str
@@ -103,10 +107,17 @@ def test_the_done_rows_index_is_postgresqls_and_once_schema_adds_it(
     if not postgres:
         return
     query(ledger_url, "DROP INDEX once_runs_done_start")
+    assert not _stored_claims(ledger_url)  # a lone fire's claim never makes it
     assert run_either("schema", env=once_env).returncode == 0
     assert "once_runs_done_start" in _indexes(ledger_url)
+    assert _stored_claims(ledger_url) == [(stored_claim().name,)]  # nor does `once schema`
     sql = run_either("schema", "--sql", env=once_env).stdout
     assert "once_runs_done_start ON once_runs (job, period_start) WHERE status = 'done'" in sql
+
+
+def _stored_claims(url: str) -> list[tuple[str]]:
+    return query(url, "SELECT proname FROM pg_proc WHERE proname LIKE 'once_claim_%%' "
+                      "AND pronamespace = current_schema()::regnamespace")
 
 
 def _set_version(url: str, version: int) -> None:

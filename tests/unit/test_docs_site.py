@@ -140,11 +140,13 @@ def test_every_variable_the_pages_name_exists() -> None:
 
 def test_every_metric_table_and_index_the_pages_name_exists() -> None:
     from once.ledger import schema
+    from once.ledger.pg_claim import stored_claim
 
     known = {name for name, _, _ in METRICS} | set(schema.metadata.tables) | {"once_job"}
     known |= {str(i.name) for t in schema.metadata.tables.values() for i in t.indexes}
     known |= {str(c.name) for t in schema.metadata.tables.values() for c in t.constraints
               if isinstance(c.name, str)}  # once_attempts_claim_id, MySQL's CHECK
+    known.add(stored_claim().name.rpartition("_")[0])  # PostgreSQL's once_claim_HASH
     for where, text in hand_pages().items():
         named = set(re.findall(r"(?<![\w.])once_[a-z_]+[a-z]", text))
         assert named <= known, f"{where} names metrics or tables that are gone: {named - known}"

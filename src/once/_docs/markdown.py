@@ -221,7 +221,21 @@ def tables_page() -> str:
                 f"`{i.name}` ({', '.join(c.name for c in i.columns)})"
                 + (", PostgreSQL only, of the done rows" if i.dialect_options["postgresql"]
                    .get("where") is not None else "") for i in indexes) + ".", ""]
+    out += ["## The stored claim (PostgreSQL)", "", STORED_CLAIM, ""]
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+STORED_CLAIM = (
+    "`once_claim_`*HASH*: a PL/pgSQL function that holds the claim statement, made from its "
+    "text, *HASH* naming that text. A connection's first claim sends the statement; its later "
+    "ones (a catch-up's) call the function, whose plans the server keeps for its session, "
+    "where the statement is parsed and planned at every claim (about 1 ms: `once` uses no "
+    "prepared statements, for PgBouncer's sake). The first such claim makes it where it is "
+    "missing, in the schema the tables are made in (the first of `search_path`), as does "
+    "`once schema`; `once schema --sql` prints it. A role that may not create it claims with "
+    "the statement: the answers are the same. Each release of `once` whose claim differs makes "
+    "and calls its own and leaves the others be; dropping one (`DROP FUNCTION "
+    "once_claim_`*HASH*) is harmless.")
 
 
 def _table_order(schema: typing.Any) -> list[typing.Any]:

@@ -28,6 +28,12 @@ def schema(db: str | None, db_password_file: str | None, namespace: str | None,
         return
     first_use(target)
     ledger_schema.ensure(target)
+    if target.dialect == "postgresql":  # and the claim a catch-up calls, where it may
+        from once.ledger.postgres import PostgresLedger
+
+        ledger = PostgresLedger(target)
+        with ledger:
+            ledger.make_stored_claim()
     say(f"the ledger's tables are ready in {target.redacted} "
              f"(schema version {ledger_schema.SCHEMA_VERSION})")
 

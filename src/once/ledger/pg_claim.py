@@ -1,8 +1,13 @@
 """PostgreSQL's claim: one statement of CTEs, one round trip (docs/concepts/ledger.md), for
-once.ledger.postgres. No driver, no import but once.ledger.base's schema gate.
+once.ledger.postgres, and the same kept in the server as a function for a catch-up's claims.
+No driver, no import but once.ledger.base's schema gate.
 """
 
 from __future__ import annotations
+
+import re
+from functools import cache
+from typing import NamedTuple
 
 from once.ledger.base import schema_gate
 
@@ -23,7 +28,7 @@ TIMELINE_FLOOR = ("((LEAST(('x' || substr(pg_walfile_name(pg_current_wal_lsn()),
 # (settled), else taken over and its attempt marked taken-over (superseded); a rerun
 # takes it over either way. A takeover's times are read after that wait. A stale row
 # that has had all its attempts (records.attempt_cap) is recorded failed (capped).
-CLAIM = f"""
+_CTES = f"""
     WITH clock AS (
         SELECT %(max_skew)s = 0
                OR abs(extract(epoch FROM clock_timestamp() - %(host_now)s)) <= %(max_skew)s
@@ -113,7 +118,8 @@ CLAIM = f"""
         WHERE r.job = %(job)s AND r.period = %(period)s AND NOT EXISTS (SELECT FROM won)
           AND NOT EXISTS (SELECT FROM settled) AND NOT EXISTS (SELECT FROM capped)
         FOR SHARE OF r
-    )
+    )"""
+_ANSWER = """
     SELECT 'won', attempt, won.fence, 'running', %(owner)s, 0.0::float8, job.state,
            job.state_version, NULL::float8, 0
     FROM won, job
@@ -133,7 +139,55 @@ CLAIM = f"""
     UNION ALL
     SELECT 'newer', 0, 0, version, '', 0.0::float8, NULL, 0, NULL, 0
     FROM clock WHERE NOT clock.ours"""
+CLAIM = _CTES + _ANSWER
 
 # The same claim for a server that speaks PostgreSQL but cannot read its timeline (Aurora,
 # CockroachDB, a role refused the functions): fences as on timeline 1 (_claim).
 CLAIM_PLAIN = CLAIM.replace(TIMELINE_FLOOR, "0::bigint")
+
+
+# The claim kept in the server as a PL/pgSQL function (docs/reference/tables.md), whose plans
+# the server keeps for its session: the statement above is parsed and planned anew each time
+# (about 1 ms: prepared statements are off for PgBouncer), the function's call is not. Its
+# first call in a session costs more than the statement, so a connection's first claim is
+# the statement and its later ones (a catch-up's) the call (once.ledger.postgres). Made from
+# CLAIM's own text, named by a hash of it: each release of once calls its own.
+_ARGS = {"max_skew": "float8", "host_now": "timestamptz", "job": "text", "kind": "text",
+         "schedule": "text", "tz": "text", "lag": "integer", "max_attempts": "integer",
+         "stale_after": "float8", "shards": "integer", "no_overlap": "integer",
+         "period_start": "timestamptz", "period": "text", "owner": "text",
+         "period_end": "timestamptz", "claim_id": "text", "rerun": "boolean",
+         "attempt_cap": "integer", "reason": "text", "command_hash": "text"}
+# The answer's columns and types (RETURN QUERY takes no other).
+_COLUMNS = (("what", "text"), ("attempt", "integer"), ("fence", "bigint"), ("status", "text"),
+            ("owner", "text"), ("age", "float8"), ("state", "text"), ("version", "bigint"),
+            ("stale_after", "float8"), ("interrupted", "integer"))
+
+
+class StoredClaim(NamedTuple):
+    name: str
+    find: str  # true when it is there
+    create: str
+    call: str  # CLAIM's parameters in, CLAIM's answer out
+
+
+@cache
+def stored_claim() -> StoredClaim:
+    """Built when a connection's second claim asks for it: a single fire never does."""
+    import hashlib  # 3 ms to import: not on a single fire's path
+
+    def positional(sql: str) -> str:  # %(name)s as the function's $n
+        return re.sub(r"%\((\w+)\)s", lambda m: f"${list(_ARGS).index(m[1]) + 1}", sql)
+
+    body = (positional(_CTES) + f", answer({', '.join(n for n, _ in _COLUMNS)}) AS ("
+            + positional(_ANSWER) + ")\n    SELECT "
+            + ", ".join(f"{n}::{t}" for n, t in _COLUMNS) + " FROM answer")
+    signature = f"({', '.join(_ARGS.values())})"
+    name = "once_claim_" + hashlib.sha256((signature + body).encode()).hexdigest()[:12]
+    # Columns named o_*: a PL/pgSQL output parameter named like a column would shadow it.
+    create = (f"CREATE FUNCTION {name}{signature}\nRETURNS TABLE ("
+              + ", ".join(f"o_{n} {t}" for n, t in _COLUMNS)
+              + f")\nLANGUAGE plpgsql AS $claim$\nBEGIN\n    RETURN QUERY {body};\nEND\n$claim$")
+    return StoredClaim(
+        name, f"SELECT to_regprocedure('{name}{signature}') IS NOT NULL", create,
+        f"SELECT * FROM {name}(" + ", ".join(f"%({n})s::{t}" for n, t in _ARGS.items()) + ")")

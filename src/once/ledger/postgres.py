@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from once.ledger.base import Ledger, schema_gate
-from once.ledger.pg_claim import CLAIM, CLAIM_PLAIN
+from once.ledger.pg_claim import CLAIM, CLAIM_PLAIN, stored_claim
 from once.ledger.records import (
     Claim,
     CommandDrift,
@@ -210,23 +210,57 @@ class PostgresLedger(Ledger):
         conn = cast("psycopg.Connection[TupleRow]",
                     connect(self.target, max(2, round(self.statement_timeout)), autocommit=True))
         conn.add_notice_handler(self._noticed)
+        self._claims_sent, self._stored_claim = 0, None
         return conn
 
     timeline_fences = True  # this ledger's claims read the timeline (TIMELINE_FLOOR)
+    # A connection's claims from this one on call the stored claim; its first is the statement
+    # (a single fire's: the call's first in a server session costs more).
+    STORED_FROM = 2
+    _claims_sent = 0  # on this connection
+    _stored_claim: bool | None = None  # whether it calls pg_claim's function; None: not asked
 
     def _claim(self, params: Params) -> Claim:
         """The claim, its fence composed with the server's timeline; where the server cannot
         read it, sent again without (a failed statement wrote nothing), and from then on
-        without, once that passed (a refusal it meets too was not the timeline's)."""
+        without, once that passed (a refusal it meets too was not the timeline's). A
+        refusal of the stored claim (dropped, its call not granted) is first sent again as
+        the statement, which is then used on this connection."""
         if self.timeline_fences:
             try:
-                return self._claim_with(self.CLAIM, params)
+                return self._claim_with(self._timeline_claim(), params)
             except Exception as exc:
                 if not timeline_unreadable(exc):
                     raise
+                if self._stored_claim:
+                    self._stored_claim = False
+                    return self._claim(params)
         claim = self._claim_with(self.CLAIM_PLAIN, params)
         self.timeline_fences = False
         return claim
+
+    def _timeline_claim(self) -> str:
+        """CLAIM for a connection's first claim, its stored function's call (made here if it
+        is missing) for the later ones where it can be had (pg_claim.stored_claim)."""
+        self._claims_sent += 1
+        if self._claims_sent >= self.STORED_FROM and self._stored_claim is None:
+            self._stored_claim = self.make_stored_claim()
+        return stored_claim().call if self._stored_claim else self.CLAIM
+
+    def make_stored_claim(self) -> bool:
+        """Whether the stored claim is there, created if not. A role that may not create
+        it, or any other failure, leaves this connection's claims as the statement; another
+        process that created it at the same moment leaves it there."""
+        self.connect()
+        try:
+            with self._watched():
+                if self._conn.execute(stored_claim().find).fetchone() == (True,):
+                    return True
+                self._conn.execute(stored_claim().create)
+            return True
+        except Exception as exc:
+            # duplicate_function, or the catalog's unique index met by a concurrent CREATE
+            return getattr(exc, "sqlstate", None) in ("42723", "23505")
 
     def _claim_with(self, claim_sql: str, params: Params) -> Claim:
         if not (params["require_same"] or params["no_overlap"]):

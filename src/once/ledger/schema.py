@@ -191,6 +191,10 @@ def ddl(dialect: str) -> Iterator[str]:
         for index in sorted(table.indexes, key=lambda i: str(i.name)):
             if _ONLY_ON.get(str(index.name), dialect) == dialect:
                 yield str(CreateIndex(index, if_not_exists=True).compile(dialect=target)).strip()
+    if dialect == "postgresql":  # optional: the claim a catch-up calls (docs: tables)
+        from once.ledger.pg_claim import stored_claim
+
+        yield stored_claim().create
 
 
 # SQLAlchemy logs what fails while it gives a connection back (the rollback of one the server
