@@ -31,7 +31,8 @@ class RunningAttempt(Attempt):
 
     heartbeat_at: Annotated[str, "its latest heartbeat, by the database's clock"]
     heartbeat_age_s: Annotated[float, "how old that heartbeat is"]
-    stale: Annotated[bool, "the heartbeat is older than the owner's `--stale-after`"]
+    stale: Annotated[bool, "the heartbeat is older than the owner's `--stale-after`, so the "
+                     "owner counts as dead and the period's next claim may take it over"]
     stale_after_s: Annotated[int, "the owner's `--stale-after`, as kept in the row"]
     due: Annotated[bool, "its period is due (past its end, the lag and `--grace`)"]
     overrun: Annotated[bool, "a live attempt that holds a due period: a hung or slow run"]
