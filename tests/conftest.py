@@ -271,6 +271,14 @@ def ledger_url(backend: Server, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
+def pg_url(backend: Server, ledger_url: str) -> str:
+    """ledger_url for a test of what PostgreSQL alone has; skipped on the other backends."""
+    if backend.dialect != "postgresql":
+        pytest.skip("PostgreSQL's alone")
+    return ledger_url
+
+
+@pytest.fixture
 def once_env(ledger_url: str, tmp_path: Path) -> dict[str, str]:
     """The environment for a `once` subprocess on this test's ledger."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONCE_")}

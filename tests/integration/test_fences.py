@@ -9,20 +9,12 @@ failover (timeline 2 after a promotion) is tests/integration/test_failover.py's.
 
 from __future__ import annotations
 
-from typing import Any
 from urllib.parse import quote
 
 import pytest
 
 from helpers import run_once
 from ledger_sql import query
-
-
-@pytest.fixture
-def pg_url(backend: Any, ledger_url: str) -> str:
-    if backend.dialect != "postgresql":
-        pytest.skip("timelines are PostgreSQL's")
-    return ledger_url
 
 
 def _shadowing(url: str, function: str) -> str:

@@ -23,13 +23,6 @@ from once.ledger.records import SCHEMA_VERSION, Claim, Job
 from once.ledger.url import parse_url
 
 
-@pytest.fixture
-def pg_url(backend: Any, ledger_url: str) -> str:
-    if backend.dialect != "postgresql":
-        pytest.skip("the stored claim is PostgreSQL's")
-    return ledger_url
-
-
 def _ledger(url: str, stored_from: int) -> PostgresLedger:
     ledger = open_ledger(parse_url(url))
     assert isinstance(ledger, PostgresLedger)
