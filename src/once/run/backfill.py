@@ -22,7 +22,10 @@ from once.run.flow import Result, Settings, run_shards
 VERBS = {"done": "done", "failed": "failed", "timed-out": "timed out",
          "fenced-out": "fenced out", "skipped-done": "done already",
          "skipped-held": "held by another owner", "skipped-failed": "failed out",
-         "skipped-overlap": "held back (--no-overlap)"}
+         "skipped-overlap": "held back (--no-overlap)",
+         # Result's word for a ledger that failed, reached or not: the `once:` line before
+         # names which (a refusal is no outage).
+         "unreachable": "ledger error"}
 
 
 class Progress:

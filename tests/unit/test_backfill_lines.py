@@ -1,0 +1,36 @@
+"""What a catch-up says of each period and in its summary (once.run.backfill.Progress)."""
+
+from __future__ import annotations
+
+from once.periods import every
+from once.run.backfill import Progress
+from once.run.flow import Result
+
+
+def _progress(*results: Result) -> Progress:
+    progress = Progress(quiet=True)
+    progress.start("nightly", 3)
+    for result in results:
+        progress.count(result, 0.5)
+    return progress
+
+
+def test_each_result_has_its_words() -> None:
+    period = every("day", "UTC").from_key("2026-11-05")
+    progress = _progress()
+    assert progress.line(period, Result("done", 0), 0.5) == (
+        "nightly 2026-11-05: done (exit 0, 0.5s)")
+    assert progress.line(period, Result("skipped-held", 0), 0) == (
+        "nightly 2026-11-05: held by another owner")
+    # A refused claim is no outage: the `once:` line before it names the cause.
+    assert progress.line(period, Result("unreachable", 75), 0) == (
+        "nightly 2026-11-05: ledger error (exit 75, 0.0s)")
+
+
+def test_the_summary_counts_each_verb() -> None:
+    assert _progress(Result("done", 0), Result("unreachable", 75)).summary().startswith(
+        "catch-up of nightly: 2 of 3 periods in ")
+    assert _progress(Result("done", 0), Result("unreachable", 75)).summary().endswith(
+        ": 1 done, 1 ledger error; 1 not tried")
+    assert _progress(*[Result("done", 0)] * 3).summary().startswith(
+        "caught up 3 periods of nightly in ")
