@@ -99,7 +99,9 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
                 "Fenced out: `once` could no longer prove it held the claim while the command "
                 "ran (another attempt took it over, a failover lost the claim, the ledger "
                 "stayed unreachable past the owner's deadline, or the final write matched no "
-                "row). The command was stopped and `once_runs` was not written.",
+                "row), or already when its claim was answered, after the owner's deadline (a "
+                "claim that waited longer than `--stale-after`). The command was stopped, or "
+                "never started, and `once_runs` was not written.",
             ),
             (
                 "75",
