@@ -157,3 +157,20 @@ def test_catchup_hourly_across_fall_back(env: dict[str, str]) -> None:
     assert [row[0] for row in logged(env)] == [
         "2026-11-01T00:00-04:00", "2026-11-01T01:00-04:00", "2026-11-01T01:00-05:00",
         "2026-11-01T02:00-05:00", "2026-11-01T03:00-05:00"]
+
+
+def test_a_catchup_started_with_signals_ignored_runs_every_period(env: dict[str, str]) -> None:
+    # As nohup, or a script's background job, starts it: SIGHUP or SIGINT ignored. The kept
+    # guard is told which (once.run.keeper) and the commands inherit them ignored.
+    import signal
+
+    def ignoring() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    masks = ["sh", "-c", 'echo "$ONCE_PERIOD $(grep SigIgn /proc/$$/status | cut -f2)" >> "$LOG"']
+    result = run_once("catchup", "--job", "daily", "--every", "day", "--since", "2026-10-24",
+                      "--until", "2026-10-26", "--", *masks, env=env, preexec_fn=ignoring)
+    assert result.returncode == 0, result.stderr
+    assert [period for period, _ in logged(env)] == ["2026-10-24", "2026-10-25", "2026-10-26"]
+    assert all(int(mask, 16) & 0b11 == 0b11 for _, mask in logged(env))  # HUP and INT

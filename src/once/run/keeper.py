@@ -89,7 +89,7 @@ class Keeper:
         fds = sorted(set((stdio or {}).values()))
         targets = [(target, fds.index(fd)) for target, fd in (stdio or {}).items()]
         deadline, grace = (watch[1], watch[2]) if watch is not None else (None, 0.0)
-        payload = marshal.dumps((command, env, title, sorted(ignored), tty is not None,
+        payload = marshal.dumps((command, env, title, sorted(map(int, ignored)), tty is not None,
                                  deadline, grace, targets))
         assert self.channel is not None
         with suppress(OSError):
