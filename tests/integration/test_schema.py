@@ -37,7 +37,7 @@ def test_schema_sql_prints_ddl_and_touches_no_database(url: str, once_env: dict[
         assert "utf8mb4_bin" in result.stdout and "DATETIME(6)" in result.stdout
     if url.startswith("postgresql"):
         assert "TIMESTAMP WITH TIME ZONE" in result.stdout
-        assert f"CREATE FUNCTION {stored_claim().name}(" in result.stdout
+        assert f"CREATE OR REPLACE FUNCTION {stored_claim().name}(" in result.stdout
     else:
         assert "once_claim_" not in result.stdout
 

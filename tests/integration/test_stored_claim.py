@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -119,15 +122,35 @@ def test_the_stored_claim_answers_as_the_statement_does(pg_url: str) -> None:
                                                    0, None, False, 0))
 
 
-def test_a_catchups_later_claims_call_it(pg_url: str) -> None:
-    job = Job("catching-up", "every", "day", "UTC")
+def _claims(ledger: PostgresLedger, job: Job, days: int) -> list[Claim]:
+    """A claim of each of `days` days from 2026-01-01, on the ledger's one connection."""
     start = datetime(2026, 1, 1, tzinfo=UTC)
+    return [ledger.claim(job, f"d{day}", start + timedelta(days=day),
+                         start + timedelta(days=day + 1), "me") for day in range(days)]
+
+
+def _schema(url: str) -> str:
+    return str(query(url, "SELECT current_schema()")[0][0])
+
+
+@contextmanager
+def _role(pg_url: str, grants: str) -> Iterator[str]:
+    """A role of the test's own (a login, no superuser) with the grants ({role}, {schema})."""
+    role = "once_t_" + uuid.uuid4().hex[:12]
+    query(pg_url, f"CREATE ROLE {role} LOGIN")
+    try:
+        query(pg_url, grants.format(role=role, schema=_schema(pg_url)))
+        yield role
+    finally:
+        query(pg_url, f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+def test_a_catchups_later_claims_call_it(pg_url: str) -> None:
     with _ledger(pg_url, stored_from=PostgresLedger.STORED_FROM) as ledger:
-        for day in range(3):
-            at = start + timedelta(days=day)
-            claim = ledger.claim(job, f"d{day}", at, at + timedelta(days=1), "me")
+        for day, claim in enumerate(_claims(ledger, Job("catching-up", "every", "day", "UTC"),
+                                            3)):
             assert claim.won and claim.fence == day + 1
-            assert ledger._stored_claim is (None if day == 0 else True)
+        assert ledger._stored_claim is True
     assert _stored_functions(pg_url) == 1
 
 
@@ -144,38 +167,87 @@ def test_a_dropped_function_falls_back_to_the_statement(pg_url: str) -> None:
         assert ledger._stored_claim is False and ledger.timeline_fences
 
 
+def _tables(url: str) -> None:
+    with _ledger(url, stored_from=10**9) as owner:  # made by the URL's role, the owner
+        assert _claims(owner, Job("made", "every", "day", "UTC"), 1)[0].won
+
+
 def test_a_role_that_may_not_create_it_claims_with_the_statement(
         pg_url: str, backend: Any) -> None:
     if backend.name == "pgbouncer":
         pytest.skip("PgBouncer knows the test's own role alone")
-    schema = pg_url.rpartition("search_path%3D")[2]
-    role = "once_t_" + uuid.uuid4().hex[:12]
-    with _ledger(pg_url, stored_from=10**9) as owner:  # the tables, made by their owner
-        assert owner.claim(Job("made", "every", "day", "UTC"), "d0",
-                           datetime(2026, 1, 1, tzinfo=UTC),
-                           datetime(2026, 1, 2, tzinfo=UTC), "me").won
-    query(pg_url, f"CREATE ROLE {role} LOGIN")
-    try:
-        query(pg_url, f"GRANT USAGE ON SCHEMA {schema} TO {role}; "
-                      f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} "
-                      f"TO {role}")
+    _tables(pg_url)
+    with _role(pg_url, "GRANT USAGE ON SCHEMA {schema} TO {role}; GRANT SELECT, INSERT, "
+                       "UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}") as role:
         url = re.sub(r"://[^@/]*@", f"://{role}@", pg_url, count=1)
-        job = Job("limited", "every", "day", "UTC")
-        start = datetime(2026, 1, 1, tzinfo=UTC)
         with _ledger(url, stored_from=1) as ledger:
-            for day in range(2):
-                at = start + timedelta(days=day)
-                assert ledger.claim(job, f"d{day}", at, at + timedelta(days=1), "me").won
+            assert all(claim.won for claim in _claims(ledger, Job("limited", "every", "day",
+                                                                   "UTC"), 2))
             assert ledger._stored_claim is False and ledger.timeline_fences
         assert _stored_functions(pg_url) == 0
-    finally:
-        query(pg_url, f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+def _impostor(where: str) -> str:
+    """A function of the stored claim's name and arguments, at `where` (a schema), that says
+    every claim won with fence 1 and leaves a mark in that schema's table `called`."""
+    claim = stored_claim()
+    return (f"CREATE TABLE {where}.called (n int); "
+            f"CREATE FUNCTION {where}.{claim.name}{claim.signature} RETURNS TABLE "
+            f"(a text, b integer, c bigint, d text, e text, f float8, g text, h bigint, "
+            f"i float8, j integer) LANGUAGE plpgsql AS $$ BEGIN INSERT INTO {where}.called "
+            f"VALUES (1); RETURN QUERY SELECT 'won'::text, 1, 1::bigint, 'running'::text, "
+            f"'x'::text, 0.0::float8, NULL::text, 0::bigint, NULL::float8, 0; END $$")
+
+
+@pytest.mark.parametrize("impostor", ["another body", "another owner", "another schema"])
+def test_a_function_not_ours_is_never_called(pg_url: str, backend: Any, impostor: str) -> None:
+    # Whoever may create a function in the tables' schema, or in one on the search_path, must
+    # not get once to run their code, nor to take its answer for the claim's.
+    if backend.name == "pgbouncer" and impostor != "another body":
+        pytest.skip("PgBouncer knows the test's own role alone, and passes no search_path")
+    _tables(pg_url)
+    schema, url = _schema(pg_url), pg_url
+    if impostor == "another body":  # made by the tables' own owner, as it happens
+        query(url, _impostor(schema))
+    elif impostor == "another owner":  # our function to the letter, made by another role
+        with _role(url, "GRANT CREATE, USAGE ON SCHEMA {schema} TO {role}") as role:
+            query(url, f"SET ROLE {role}; {stored_claim().create(schema)}; RESET ROLE")
+            assert _claims_by_statement(url, "owned")
+        return
+    else:  # in a schema the search_path names after the tables'
+        elsewhere = f"{schema}_elsewhere"
+        query(url, f"CREATE SCHEMA {elsewhere}; {_impostor(elsewhere)}")
+        url = url.replace(f"search_path%3D{schema}", "search_path%3D"
+                          + quote(f"{schema},{elsewhere}"))
+        try:
+            with _ledger(url, stored_from=1) as ledger:
+                claims = _claims(ledger, Job("elsewhere", "every", "day", "UTC"), 3)
+                assert ledger._stored_claim is True  # its own, made in the tables' schema
+            assert [c.fence for c in claims] == [1, 2, 3]
+            assert query(url, f"SELECT count(*) FROM {elsewhere}.called") == [(0,)]
+            assert _stored_functions(pg_url) == 1
+        finally:
+            query(url, f"DROP SCHEMA {elsewhere} CASCADE")
+        return
+    assert _claims_by_statement(url, "bodied")
+    assert query(url, f"SELECT count(*) FROM {schema}.called") == [(0,)]
+
+
+def _claims_by_statement(url: str, name: str) -> bool:
+    """Whether a ledger asked to call the stored claim at once sent the statement instead,
+    and its claims were answered as the statement answers them."""
+    with _ledger(url, stored_from=1) as ledger:
+        claims = _claims(ledger, Job(name, "every", "day", "UTC"), 3)
+        return (ledger._stored_claim is False and ledger.timeline_fences
+                and [(c.won, c.fence) for c in claims] == [(True, 1), (True, 2), (True, 3)])
 
 
 def test_the_ddl_once_schema_prints_makes_it(pg_url: str) -> None:
-    # A DBA's way: the DDL run by hand; the catch-up's second claim finds it and calls it.
+    # A DBA's way: the DDL run by hand (twice, as a deploy may); a catch-up's second claim
+    # finds it and calls it.
     from once.ledger.schema import ddl
 
+    query(pg_url, ";\n".join(ddl("postgresql")))
     query(pg_url, ";\n".join(ddl("postgresql")))
     assert _stored_functions(pg_url) == 1
     test_a_catchups_later_claims_call_it(pg_url)

@@ -286,6 +286,8 @@ def test_other_refusals_are_not_a_standbys(exc: BaseException) -> None:
     (PgMessage("25006", "cannot execute INSERT in a read-only transaction"), False),
     (PgError("42P01"), False),  # no table yet: created, then the same claim again
     (PgError("42703"), False),
+    (PgMessage("55P03", "canceling statement due to lock timeout"), False),  # contention
+    (PgError("55006"), False),
     (PgError("08006"), False),  # the connection
     (PgError("40001"), False),
     (OperationalError("server closed the connection unexpectedly"), False),

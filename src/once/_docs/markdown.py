@@ -231,10 +231,14 @@ STORED_CLAIM = (
     "ones (a catch-up's) call the function, whose plans the server keeps for its session, "
     "where the statement is parsed and planned at every claim (about 1 ms: `once` uses no "
     "prepared statements, for PgBouncer's sake). The first such claim makes it where it is "
-    "missing, in the schema the tables are made in (the first of `search_path`), as does "
-    "`once schema`; `once schema --sql` prints it. A role that may not create it claims with "
-    "the statement: the answers are the same. Each release of `once` whose claim differs makes "
-    "and calls its own and leaves the others be; dropping one (`DROP FUNCTION "
+    "missing, in the schema of the `once_runs` it claims in, if its role may create there, as "
+    "does `once schema`; `once schema --sql` prints it (`CREATE OR REPLACE`, unqualified). "
+    "`once` calls only the one in that schema, and only if it is its own: the body to the "
+    "letter, PL/pgSQL, not `SECURITY DEFINER`, no `SET` of its own, owned by the role that "
+    "calls it or by the owner of `once_runs`; another function of that name, anywhere, is "
+    "never called, and the claim is sent as the statement, as it is where the function "
+    "cannot be made. The answers are the same either way. Each release of `once` whose claim "
+    "differs makes and calls its own and leaves the others be; dropping one (`DROP FUNCTION "
     "once_claim_`*HASH*) is harmless.")
 
 

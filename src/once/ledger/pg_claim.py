@@ -151,24 +151,61 @@ CLAIM_PLAIN = CLAIM.replace(TIMELINE_FLOOR, "0::bigint")
 # (about 1 ms: prepared statements are off for PgBouncer), the function's call is not. Its
 # first call in a session costs more than the statement, so a connection's first claim is
 # the statement and its later ones (a catch-up's) the call (once.ledger.postgres). Made from
-# CLAIM's own text, named by a hash of it: each release of once calls its own.
+# CLAIM's own text, named by a hash of it: each release of once calls its own. Whole numbers
+# are bigint, as psycopg sends them to the statement: a value a column cannot hold fails
+# where the statement's fails.
 _ARGS = {"max_skew": "float8", "host_now": "timestamptz", "job": "text", "kind": "text",
-         "schedule": "text", "tz": "text", "lag": "integer", "max_attempts": "integer",
-         "stale_after": "float8", "shards": "integer", "no_overlap": "integer",
+         "schedule": "text", "tz": "text", "lag": "bigint", "max_attempts": "bigint",
+         "stale_after": "float8", "shards": "bigint", "no_overlap": "bigint",
          "period_start": "timestamptz", "period": "text", "owner": "text",
          "period_end": "timestamptz", "claim_id": "text", "rerun": "boolean",
-         "attempt_cap": "integer", "reason": "text", "command_hash": "text"}
+         "attempt_cap": "bigint", "reason": "text", "command_hash": "text"}
 # The answer's columns and types (RETURN QUERY takes no other).
 _COLUMNS = (("what", "text"), ("attempt", "integer"), ("fence", "bigint"), ("status", "text"),
             ("owner", "text"), ("age", "float8"), ("state", "text"), ("version", "bigint"),
             ("stale_after", "float8"), ("interrupted", "integer"))
 
+# Where the tables are (once_runs as the search_path finds it, as the statement would), and
+# whether this role may create there; whether a function of the stored claim's name and
+# arguments there is ours to call: its body to the letter, PL/pgSQL, no SECURITY DEFINER, no
+# SET of its own (a search_path), owned by this role or the tables' owner (who could put a
+# trigger on them anyway), callable; NULL when there is none. A function anyone else made,
+# or changed, is never called.
+FIND_STORED_CLAIM = """
+    SELECT n.nspname, has_schema_privilege(n.oid, 'CREATE'),
+           (SELECT p.prosrc = %(source)s AND NOT p.prosecdef AND p.proconfig IS NULL
+                   AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'plpgsql')
+                   AND p.proowner IN (c.relowner,
+                                      (SELECT oid FROM pg_roles WHERE rolname = current_user))
+                   AND has_function_privilege(p.oid, 'EXECUTE')
+            FROM pg_proc p
+            WHERE p.oid = to_regprocedure(quote_ident(n.nspname) || '.' || %(procedure)s))
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = to_regclass('once_runs')"""
+
 
 class StoredClaim(NamedTuple):
     name: str
-    find: str  # true when it is there
-    create: str
-    call: str  # CLAIM's parameters in, CLAIM's answer out
+    signature: str  # its arguments' types
+    source: str  # its body, as pg_proc.prosrc holds it
+
+    def create(self, schema: str | None = None) -> str:
+        """Its DDL, in the schema (quoted here), or unqualified (`once schema --sql`). Its
+        columns are named o_*: an output parameter named like a column would shadow it."""
+        where = f"{_identifier(schema)}." if schema is not None else ""
+        return (f"CREATE OR REPLACE FUNCTION {where}{self.name}{self.signature}\n"
+                f"RETURNS TABLE ({', '.join(f'o_{n} {t}' for n, t in _COLUMNS)})\n"
+                f"LANGUAGE plpgsql AS $claim${self.source}$claim$")
+
+    def call(self, schema: str) -> str:
+        """The claim as its call in the schema: CLAIM's parameters in, CLAIM's answer out."""
+        args = ", ".join(f"%({n})s::{t}" for n, t in _ARGS.items())
+        # %% : psycopg reads the text for placeholders, a schema's name included
+        return f"SELECT * FROM {_identifier(schema).replace('%', '%%')}.{self.name}({args})"
+
+
+def _identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 @cache
@@ -182,12 +219,7 @@ def stored_claim() -> StoredClaim:
     body = (positional(_CTES) + f", answer({', '.join(n for n, _ in _COLUMNS)}) AS ("
             + positional(_ANSWER) + ")\n    SELECT "
             + ", ".join(f"{n}::{t}" for n, t in _COLUMNS) + " FROM answer")
+    source = f"\nBEGIN\n    RETURN QUERY {body};\nEND\n"
     signature = f"({', '.join(_ARGS.values())})"
-    name = "once_claim_" + hashlib.sha256((signature + body).encode()).hexdigest()[:12]
-    # Columns named o_*: a PL/pgSQL output parameter named like a column would shadow it.
-    create = (f"CREATE FUNCTION {name}{signature}\nRETURNS TABLE ("
-              + ", ".join(f"o_{n} {t}" for n, t in _COLUMNS)
-              + f")\nLANGUAGE plpgsql AS $claim$\nBEGIN\n    RETURN QUERY {body};\nEND\n$claim$")
-    return StoredClaim(
-        name, f"SELECT to_regprocedure('{name}{signature}') IS NOT NULL", create,
-        f"SELECT * FROM {name}(" + ", ".join(f"%({n})s::{t}" for n, t in _ARGS.items()) + ")")
+    name = "once_claim_" + hashlib.sha256((signature + source).encode()).hexdigest()[:12]
+    return StoredClaim(name, signature, source)

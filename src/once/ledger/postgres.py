@@ -10,11 +10,11 @@ besides once.ledger's base and records.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from once.ledger.base import Ledger, schema_gate
-from once.ledger.pg_claim import CLAIM, CLAIM_PLAIN, stored_claim
+from once.ledger.pg_claim import CLAIM, CLAIM_PLAIN, FIND_STORED_CLAIM, stored_claim
 from once.ledger.records import (
     Claim,
     CommandDrift,
@@ -210,7 +210,7 @@ class PostgresLedger(Ledger):
         conn = cast("psycopg.Connection[TupleRow]",
                     connect(self.target, max(2, round(self.statement_timeout)), autocommit=True))
         conn.add_notice_handler(self._noticed)
-        self._claims_sent, self._stored_claim = 0, None
+        self._claims_sent, self._stored_claim, self._stored_call = 0, None, ""
         return conn
 
     timeline_fences = True  # this ledger's claims read the timeline (TIMELINE_FLOOR)
@@ -219,6 +219,7 @@ class PostgresLedger(Ledger):
     STORED_FROM = 2
     _claims_sent = 0  # on this connection
     _stored_claim: bool | None = None  # whether it calls pg_claim's function; None: not asked
+    _stored_call = ""  # the call, in the tables' schema
 
     def _claim(self, params: Params) -> Claim:
         """The claim, its fence composed with the server's timeline; where the server cannot
@@ -245,22 +246,37 @@ class PostgresLedger(Ledger):
         self._claims_sent += 1
         if self._claims_sent >= self.STORED_FROM and self._stored_claim is None:
             self._stored_claim = self.make_stored_claim()
-        return stored_claim().call if self._stored_claim else self.CLAIM
+        return self._stored_call if self._stored_claim else self.CLAIM
 
     def make_stored_claim(self) -> bool:
-        """Whether the stored claim is there, created if not. A role that may not create
-        it, or any other failure, leaves this connection's claims as the statement; another
-        process that created it at the same moment leaves it there."""
+        """Whether this connection may call the stored claim: ours, in the tables' schema
+        (FIND_STORED_CLAIM), made there if it is missing and this role may. Any failure
+        leaves this connection's claims as the statement."""
         self.connect()
+        found = self._find_stored_claim()
+        if found is not None and found[2] is None and found[1]:
+            # Briefly: a DBA's CREATE left uncommitted would hold every catch-up. Another
+            # process that makes it at the same moment may fail this one: found again below.
+            with suppress(Exception), self._watched(), self._conn.transaction():
+                self._conn.execute("SET LOCAL lock_timeout = '1s'")
+                self._conn.execute(stored_claim().create(found[0]))
+            found = self._find_stored_claim()
+        if found is None or not found[2]:
+            return False
+        self._stored_call = stored_claim().call(found[0])
+        return True
+
+    def _find_stored_claim(self) -> Row | None:
+        """FIND_STORED_CLAIM's row: (the tables' schema, whether this role may create there,
+        whether the stored claim there is ours to call, or None when there is none); None
+        when it cannot be read."""
+        claim = stored_claim()
         try:
-            with self._watched():
-                if self._conn.execute(stored_claim().find).fetchone() == (True,):
-                    return True
-                self._conn.execute(stored_claim().create)
-            return True
-        except Exception as exc:
-            # duplicate_function, or the catalog's unique index met by a concurrent CREATE
-            return getattr(exc, "sqlstate", None) in ("42723", "23505")
+            rows = self._fetch(FIND_STORED_CLAIM, {"source": claim.source,
+                                                   "procedure": claim.name + claim.signature})
+        except Exception:
+            return None
+        return rows[0] if rows else None
 
     def _claim_with(self, claim_sql: str, params: Params) -> Claim:
         if not (params["require_same"] or params["no_overlap"]):
@@ -426,14 +442,18 @@ class PostgresLedger(Ledger):
 
 
 # What a server that speaks PostgreSQL but cannot read its timeline answers TIMELINE_FLOOR
-# with, by SQLSTATE class: an unknown function or a privilege refused (42; but for a table or
-# column not created yet), not supported (0A), a value it cannot cast (22), an internal error
-# (XX), a prerequisite (55: Aurora's "wal_level must be set to 'logical'"; not a standby's
-# "recovery is in progress", which the claim without the timeline meets too).
+# with, by SQLSTATE class: an unknown function or a privilege refused (42), not supported
+# (0A), a value it cannot cast (22), an internal error (XX), a prerequisite (55: Aurora's
+# "wal_level must be set to 'logical'"; not a standby's "recovery is in progress", which the
+# claim without the timeline meets too).
 _NO_TIMELINE = ("42", "0A", "22", "XX", "55")
+# Of those, what any claim may meet: a table or column not created yet; a lock not had in
+# time (lock_timeout: 55P03) or an object in use (55006), which would turn the timeline off
+# for the process (and the stored claim for the connection) for a moment's contention.
+_NOT_THE_TIMELINE = ("42P01", "42703", "55P03", "55006")
 
 
 def timeline_unreadable(exc: BaseException) -> bool:
     state = str(getattr(exc, "sqlstate", None) or "")
-    return (state[:2] in _NO_TIMELINE and state not in ("42P01", "42703")
+    return (state[:2] in _NO_TIMELINE and state not in _NOT_THE_TIMELINE
             and not read_only_server(exc))

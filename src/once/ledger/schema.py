@@ -194,7 +194,7 @@ def ddl(dialect: str) -> Iterator[str]:
     if dialect == "postgresql":  # optional: the claim a catch-up calls (docs: tables)
         from once.ledger.pg_claim import stored_claim
 
-        yield stored_claim().create
+        yield stored_claim().create()
 
 
 # SQLAlchemy logs what fails while it gives a connection back (the rollback of one the server
