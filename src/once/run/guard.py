@@ -63,6 +63,9 @@ def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
     """
     report_r, report_w = os.pipe()
     wrapper = os.getpid()
+    # The wrapper's collections from now on leave what the guard shares with it alone: a
+    # collection touches, and so copies, every page of the objects it looks at.
+    gc.freeze()
     pid = os.fork()
     if pid == 0:
         code = 70
