@@ -251,3 +251,21 @@ def test_the_ddl_once_schema_prints_makes_it(pg_url: str) -> None:
     query(pg_url, ";\n".join(ddl("postgresql")))
     assert _stored_functions(pg_url) == 1
     test_a_catchups_later_claims_call_it(pg_url)
+
+
+def test_the_lease_counts_from_the_claim_not_from_making_the_function(pg_url: str) -> None:
+    # Making it may wait (a lock, up to a second): the claim's lease must not pay for that.
+    from once.deadlines import lease_now
+
+    made_at: list[float] = []
+    with _ledger(pg_url, stored_from=2) as ledger:
+        make = ledger.make_stored_claim
+
+        def making() -> bool:
+            found = make()
+            made_at.append(lease_now())
+            return found
+
+        ledger.make_stored_claim = making  # type: ignore[method-assign]
+        _claims(ledger, Job("leased", "every", "day", "UTC"), 2)
+        assert made_at and ledger.claim_sent >= made_at[0]

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
+from once.deadlines import lease_now
 from once.ledger.base import Ledger, schema_gate
 from once.ledger.pg_claim import CLAIM, CLAIM_PLAIN, FIND_STORED_CLAIM, stored_claim
 from once.ledger.records import (
@@ -246,6 +247,7 @@ class PostgresLedger(Ledger):
         self._claims_sent += 1
         if self._claims_sent >= self.STORED_FROM and self._stored_claim is None:
             self._stored_claim = self.make_stored_claim()
+            self.claim_sent = lease_now()  # the lease counts from the claim, not from this
         return self._stored_call if self._stored_claim else self.CLAIM
 
     def make_stored_claim(self) -> bool:
