@@ -62,6 +62,11 @@ class Lease:
         well before the step-down's SIGTERM, due an interval after it."""
         return self.interval if ok else min(self.interval / 4, 1.0)
 
+    def next_renewal(self, ok: bool) -> float:
+        """When the next renewal goes out (this lease's clock): a pause after the last one
+        was sent."""
+        return self.last_sent + self.pause(ok)
+
     @property
     def expired(self) -> bool:
         return lease_now() >= self.deadline
@@ -141,7 +146,7 @@ class Lease:
         lost or the deadline passes. For a thread of its own (the Python API's)."""
         ok = True
         while not (self.lost or self.expired):
-            if stop.wait(max(0.0, self.last_sent + self.pause(ok) - self.now())):
+            if stop.wait(max(0.0, self.next_renewal(ok) - self.now())):
                 return
             ok = self.renew_once()
 

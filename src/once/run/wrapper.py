@@ -126,15 +126,12 @@ def _beat(lease: Lease | None) -> Callable[[], float] | None:
     if lease is None:
         return None
 
-    def due() -> float:
-        return lease.last_sent + lease.pause(not lease.last_error)
-
     def beat() -> float:
         if lease.lost or lease.expired or lease.stepping_down:
             return float("inf")  # nothing to renew
-        if lease_now() >= due():
+        if lease_now() >= lease.next_renewal(not lease.last_error):
             lease.renew_once()
-        return max(0.0, due() - lease_now())
+        return max(0.0, lease.next_renewal(not lease.last_error) - lease_now())
 
     return beat
 
@@ -147,7 +144,7 @@ def _fresh(lease: Lease, grace: float) -> bool:
     first renewal was even sent. Renewed here, once, before the command starts; a command
     that would be stopped at once is not started at all.
     """
-    if lease_now() >= lease.last_sent + lease.interval:
+    if lease_now() >= lease.next_renewal(True):
         lease.renew_once()
     return not lease.lost and lease_now() < lease.deadline - grace
 
@@ -337,7 +334,7 @@ class _Supervisor:
         while True:
             # Every --stale-after/3 counted from when the last renewal was sent; after a
             # failure, sooner (Lease.pause).
-            if self.stop_heartbeat.wait(max(0.0, lease.last_sent + lease.pause(ok) - lease_now())):
+            if self.stop_heartbeat.wait(max(0.0, lease.next_renewal(ok) - lease_now())):
                 return
             ok = lease.renew_once()
             if ok:
