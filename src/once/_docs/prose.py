@@ -128,7 +128,9 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     (
         "once rerun",
         "As `once run`, and:",
-        (("69", "Refused: a live attempt holds the period. Nothing was run."),),
+        (("69", "Refused: a live attempt holds the period, or, for a job of `--no-overlap`, "
+                "another period of it; the `once:` line names it. Nothing was run, and "
+                "nothing makes it up later: run it again once that attempt has ended."),),
     ),
     (
         "once check",

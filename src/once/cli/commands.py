@@ -120,9 +120,6 @@ def _progress(quiet: bool, log_format: str = "text") -> Any:
     return backfill.Progress(quiet)
 
 
-EXIT_REFUSED = 69
-
-
 @cli.command(context_settings={"allow_interspersed_args": False})
 @click.option("--job", required=True, metavar="NAME", shell_complete=job_names,
               help="Job name.")
@@ -149,7 +146,8 @@ def rerun(job: str, key: str, reason: str | None, allow_future: bool, db: str | 
     """Run a done or failed period again, as a new attempt with a new fence.
 
     The job's schedule and zone come from the ledger (as its latest once run left them).
-    Refused, with status 69, while a live attempt holds the period.
+    Refused, with status 69, while a live attempt holds the period (or, with --no-overlap,
+    another period of the job).
     """
     from once import stored
     from once.run import flow
@@ -176,13 +174,9 @@ def rerun(job: str, key: str, reason: str | None, allow_future: bool, db: str | 
                                  log_format=log_format, max_clock_skew=max_clock_skew,
                                  output_tail=output_tail,
                                  command_hash=flow.command_hash(command, version_tag))
-        result = flow.run_period(ledger, the_job, period, command, settings,
-                                 rerun_reason=reason or "once rerun", shard=shard)
-    if result.outcome == "skipped-held":
-        say(f"{name} {key}: rerun refused: a live attempt holds it; try again when it "
-            f"has finished")
-        return EXIT_REFUSED
-    return result.status
+        result = flow.rerun_period(ledger, the_job, period, command, settings,
+                                   reason or "once rerun", shard)
+    return result.status  # flow.EXIT_REFUSED (69) while a live attempt holds the way
 
 
 

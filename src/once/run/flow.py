@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 # Exit statuses of `once run` that are not the child's own (docs/reference/exit-status.md).
 EXIT_USAGE = 2
+EXIT_REFUSED = 69  # once rerun: a live attempt holds the way
 EXIT_FENCED_OUT = 70
 EXIT_LEDGER = 75
 EXIT_TIMEOUT = 124
@@ -179,7 +180,7 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
         say(f"{exc}; nothing was run", settings, ERROR, "command-drift")
         return Result("command-drift", EXIT_USAGE)
     if not claim.won:
-        result = _skipped(what, claim, job, settings)
+        result = _skipped(what, claim, job, settings, rerun_reason is not None)
         if notify_skip:
             _notify(settings, result, job, period, claim, shard, claimed=False)
         return result
@@ -245,9 +246,12 @@ def run_shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
     return failure or last
 
 
-def _skipped(what: str, claim: Claim, job: Job, settings: Settings) -> Result:
+def _skipped(what: str, claim: Claim, job: Job, settings: Settings,
+             rerun: bool = False) -> Result:
     skip = claim.skip_reason
-    if claim.capped:  # once, by the claim that did it: said even with -q
+    if rerun and skip in ("skipped-held", "skipped-overlap"):
+        _refused(what, claim, settings)
+    elif claim.capped:  # once, by the claim that did it: said even with -q
         say(f"{what}: {capped_line(claim.attempt, job.max_attempts)}", settings, ERROR, "capped")
     elif skip == "skipped-failed":
         say(f"{what}: skipped: "
@@ -260,12 +264,29 @@ def _skipped(what: str, claim: Claim, job: Job, settings: Settings) -> Result:
             f"{claim.owner} (attempt {claim.attempt}); nothing was claimed, a later catch-up "
             f"makes it up", settings, event=skip)
     else:
-        age = f", heartbeat {claim.heartbeat_age:.1f}s ago" if claim.heartbeat_age else ""
-        promise = (f", stale after {claim.stale_after:g}s" if claim.stale_after is not None
-                   else "")
-        say(f"{what}: skipped: held by {claim.owner} (attempt {claim.attempt}{age}{promise})",
-            settings, VERBOSE, skip)
+        say(f"{what}: skipped: held by {claim.owner} ({_liveness(claim)})", settings, VERBOSE,
+            skip)
     return Result(skip, settings.skipped_exit_code)
+
+
+def _liveness(claim: Claim) -> str:
+    """attempt 2, heartbeat 1.2s ago, stale after 30s: what a held claim said of its holder."""
+    age = f", heartbeat {claim.heartbeat_age:.1f}s ago" if claim.heartbeat_age else ""
+    promise = f", stale after {claim.stale_after:g}s" if claim.stale_after is not None else ""
+    return f"attempt {claim.attempt}{age}{promise}"
+
+
+def _refused(what: str, claim: Claim, settings: Settings) -> None:
+    """A rerun's claim that a live attempt held back: the period's own, or with --no-overlap
+    another period's. Nothing is made up later (no catch-up reruns a done period): said
+    even with -q, with status 69 (rerun_period)."""
+    if claim.skip_reason == "skipped-overlap":
+        holds = (f"--no-overlap and {claim.held_period} is still held by {claim.owner} "
+                 f"({_liveness(claim)})")
+    else:
+        holds = f"a live attempt holds it ({claim.owner}, {_liveness(claim)})"
+    say(f"{what}: rerun refused: {holds}; nothing was run, try again when it has finished",
+        settings, ERROR, "rerun-refused")
 
 
 def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int | None,
@@ -367,6 +388,18 @@ def _recorded(what: str, outcome: Outcome, status: outcomes.Status,
 
 
 # -- catch-up and rerun ----------------------------------------------------------------------
+
+
+def rerun_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
+                 settings: Settings, reason: str, shard: int | None = None) -> Result:
+    """`once rerun`: the period (or one shard) again, as a new attempt. Refused, with
+    EXIT_REFUSED and one line naming it, while a live attempt holds the way: the period's
+    own, or with --no-overlap another period's."""
+    result = run_period(ledger, job, period, command, settings, rerun_reason=reason,
+                        shard=shard)
+    if result.outcome in ("skipped-held", "skipped-overlap"):
+        return Result(result.outcome, EXIT_REFUSED)
+    return result
 
 
 class NothingToResume(ValueError):

@@ -1,0 +1,79 @@
+"""Outcomes as the reference documents them, on real processes and real ledgers: a rerun that
+--no-overlap holds back is refused (69), never a silent exit 0; a fresh rerun or catch-up of
+an old period is no overrun; a catch-up names a period a live owner holds."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from helpers import run_once, wait_for
+from ledger_sql import query
+from procs import reaped, start_once
+
+REFUSED = 69
+
+
+def _hold(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    """A real `once run` (ARGS) whose command waits for tmp_path/go; returned once it runs."""
+    go, started = tmp_path / "go", tmp_path / "started"
+    owner = start_once("run", *args, "--", "sh", "-c",
+                       f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done", env=env)
+    wait_for(lambda: started.exists() or owner.poll() is not None, timeout=60,
+             what="the live attempt's command")
+    assert owner.poll() is None, owner.communicate()
+    return owner
+
+
+def _let_go(owner: subprocess.Popen[str], tmp_path: Path) -> None:
+    (tmp_path / "go").touch()
+    reaped(owner, 60)
+
+
+def test_a_rerun_that_no_overlap_holds_back_is_refused(
+        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    job = ["--job", "sync", "--every", "minute", "--no-overlap"]
+    assert run_once("run", *job, "--lag", "2", "--", "true", env=once_env).returncode == 0
+    [(done_key,)] = query(ledger_url, "SELECT period FROM once_runs")
+    owner = _hold(tmp_path, once_env, *job)  # the current minute, live
+    try:
+        [(held_key,)] = query(ledger_url, "SELECT period FROM once_runs WHERE status = "
+                                          "'running'")
+        ran = tmp_path / "ran"
+        rerun = run_once("rerun", "--job", "sync", "--period", done_key, "--", "touch",
+                         str(ran), env=once_env)
+        quiet = run_once("rerun", "-q", "--job", "sync", "--period", done_key, "--",
+                         "touch", str(ran), env=once_env)
+    finally:
+        _let_go(owner, tmp_path)
+    assert (rerun.returncode, quiet.returncode) == (REFUSED, REFUSED), rerun.stderr
+    assert not ran.exists()
+    lines = rerun.stderr.splitlines()
+    assert len(lines) == 1, rerun.stderr
+    assert lines[0].startswith(f"once: sync {done_key}: rerun refused: --no-overlap and "
+                               f"{held_key} is still held by ")
+    assert "catch-up" not in lines[0]  # no catch-up reruns a done period
+    [said] = quiet.stderr.splitlines()  # a refusal is said under -q too
+    assert said.partition(" (")[0] == lines[0].partition(" (")[0]
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs WHERE period = "
+                             f"'{done_key}'") == [("done", 1)]
+    # Once the other period's attempt has ended, the same rerun runs.
+    again = run_once("rerun", "--job", "sync", "--period", done_key, "--", "touch", str(ran),
+                     env=once_env)
+    assert again.returncode == 0, again.stderr
+    assert ran.exists()
+
+
+def test_a_rerun_of_a_period_a_live_attempt_holds_is_refused_naming_it(
+        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    owner = _hold(tmp_path, once_env, "--job", "live", "--every", "minute")
+    try:
+        [(key, holder)] = query(ledger_url, "SELECT period, owner FROM once_runs")
+        rerun = run_once("rerun", "--job", "live", "--period", key, "--", "true",
+                         env=once_env)
+    finally:
+        _let_go(owner, tmp_path)
+    assert rerun.returncode == REFUSED, rerun.stderr
+    [line] = rerun.stderr.splitlines()
+    assert line.startswith(f"once: live {key}: rerun refused: a live attempt holds it "
+                           f"({holder}, attempt 1, ")
