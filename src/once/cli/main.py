@@ -148,6 +148,7 @@ class OnceGroup(click.Group):
 def load_commands() -> Mapping[str, click.Command]:
     """Register every command on `cli` (idempotent); return them by name."""
     import once.cli.commands  # noqa: F401  (registers on import)
+    import once.cli.lead  # noqa: F401
 
     return cli.commands
 
@@ -376,6 +377,7 @@ def open_target(db: str | None, password_file: str | None, anywhere: bool = Fals
     `anywhere` (schema --sql, which touches no ledger)."""
     import os
 
+    from once import secrets
     from once.ledger import default_url, parse_url, unnamed_url
 
     url_file = os.environ.get("ONCE_DATABASE_URL_FILE")
@@ -383,9 +385,12 @@ def open_target(db: str | None, password_file: str | None, anywhere: bool = Fals
         db = limits.read_secret(url_file, "ONCE_DATABASE_URL_FILE").strip()
         if not db:
             raise InputError(f"ONCE_DATABASE_URL_FILE {url_file} holds no URL")
+    if db:  # before anything can fail: every message after this is scrubbed of its secrets
+        secrets.remember_url(db)
     password = None
     if password_file:
         password = limits.read_secret(password_file, "--db-password-file")
+        secrets.remember_password(password)
     return parse_url(db or (default_url() if anywhere else unnamed_url()), password)
 
 
@@ -428,7 +433,28 @@ def first_use(target: Target, quiet: bool = False, log_format: str = "text") -> 
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    """Run the CLI; turn every error into one `once:` line and its documented status."""
+    """Run the CLI; turn every error into one `once:` line and its documented status.
+    Every text it shows is scrubbed of the ledger's secrets (once.secrets), which a command
+    run in its caller's process (argv given) forgets when it ends."""
+    from once import secrets
+
+    if argv is None:  # the `once` script: a crash's traceback is scrubbed too
+        secrets.guard_tracebacks()
+    else:
+        secrets.forget()
+    try:
+        status = _status(argv)
+    finally:
+        if argv is not None:
+            secrets.forget()
+    code = status if isinstance(status, int) else 0
+    if argv is None:  # the `once` script, not a caller in its own process
+        _end_past_threads(code)
+    sys.exit(code)
+
+
+def _status(argv: Sequence[str] | None) -> object:
+    """The command's exit status, its errors told as one `once:` line each."""
     from once.ledger import LedgerError
 
     try:
@@ -446,10 +472,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         status = _fail(f"out of range: {exc} (periods exist from year 1 to 9999)", 2)
     except LedgerError as exc:
         status = _fail(str(exc), 75)
-    code = status if isinstance(status, int) else 0
-    if argv is None:  # the `once` script, not a caller in its own process
-        _end_past_threads(code)
-    sys.exit(code)
+    return status
 
 
 def _end_past_threads(code: int) -> None:
@@ -472,7 +495,10 @@ def _end_past_threads(code: int) -> None:
 
 def _fail(message: str, status: int) -> int:
     from once.escape import shown
+    from once.secrets import scrub
 
-    line = shown(" ".join(message.split()))  # one line of printable text, whatever was typed
-    print(f"once: {line}", file=sys.stderr)
+    # One line of printable text, whatever was typed; scrubbed before the blanks are joined
+    # (a password may hold two spaces or a tab) and after the escapes (it may hold a control).
+    line = shown(" ".join(scrub(message).split()))
+    print(scrub(f"once: {line}"), file=sys.stderr)
     return status

@@ -393,6 +393,13 @@ class PostgresLedger(Ledger):
                 raise LedgerError(f"unknown job {params['job']!r}: it has never run")
         return int(row[0])
 
+    @contextmanager
+    def _transaction(self) -> Iterator[psycopg.Cursor[TupleRow]]:
+        """One transaction under the watchdog, its statements in the pyformat style, committed
+        when the block ends (as sqlite's and mysql's: once.ledger.leases)."""
+        with self._watched(), self._conn.transaction():
+            yield self._conn.cursor()
+
     def _execute(self, sql: str, params: Params) -> psycopg.Cursor[TupleRow]:
         """Execute under a watchdog (_watched)."""
         with self._watched():

@@ -183,6 +183,49 @@ meta = Table(
     **_INNODB,
 )
 
+# `once lead` (once.ledger.leases): a compatible addition (docs/how-to/upgrading.md), tables
+# no claim, report or prune of an older once reads or writes, made by the first `once lead`
+# (or `once schema`) on a ledger of schema 5 without a change of its version.
+# One row per lead name: who holds it (holder: one process's own id; owner: its name), the
+# term (its fencing token), and until when, on the database's clock. A free lease has no
+# holder, or an expires_at that has passed.
+leases = Table(
+    "once_leases", metadata,
+    Column("name", Key, primary_key=True),
+    Column("holder", String(64), nullable=True),
+    Column("owner", String(255), nullable=True),
+    Column("term", BigInteger, nullable=False),
+    Column("lease_seconds", Float, nullable=False),
+    Column("acquired_at", UtcTime, nullable=True),
+    Column("renewed_at", UtcTime, nullable=True),
+    Column("expires_at", UtcTime, nullable=False),
+    **_INNODB,
+)
+
+# Every term of every lead name: who held it, from when to when, and how it ended
+# (released, lost, expired; NULL while it lasts).
+lead_terms = Table(
+    "once_lead_terms", metadata,
+    Column("name", Key, primary_key=True),
+    Column("term", BigInteger, primary_key=True),
+    Column("owner", String(255), nullable=False),
+    Column("lease_seconds", Float, nullable=False),
+    Column("started_at", UtcTime, nullable=False),
+    Column("ended_at", UtcTime, nullable=True),
+    Column("ended", String(16), nullable=True),
+    **_INNODB,
+)
+
+# The candidates waiting for a lead name, each seen every --lease (at least every 5 s).
+lead_candidates = Table(
+    "once_lead_candidates", metadata,
+    Column("name", Key, primary_key=True),
+    Column("holder", String(64), primary_key=True),
+    Column("owner", String(255), nullable=False),
+    Column("seen_at", UtcTime, nullable=False),
+    **_INNODB,
+)
+
 def ddl(dialect: str) -> Iterator[str]:
     """The CREATE statements for a dialect, without touching any database."""
     target = named(dialect).sqlalchemy()
@@ -234,14 +277,19 @@ def engine_on(target: Target, creator: Callable[[], Any]) -> Engine:
                          creator=creator)
 
 
-def ensure(target: Target) -> None:
-    """Create or upgrade the ledger's tables; safe when many processes do it at once."""
+def ensure(target: Target, statement_timeout: float = 10.0) -> None:
+    """Create or upgrade the ledger's tables; safe when many processes do it at once.
+
+    Every wait is bounded (the work itself is not: an upgrade of a large ledger takes what it
+    takes): the schema lock and the tables' locks by LOCK_WAIT, a commit's wait for a
+    synchronous standby by the statements' limits of `statement_timeout`
+    (once.ledger.watchdog.limits: cancelled at 15 s by default), which is then LedgerError."""
     try:
         _prepare_sqlite_file(target)
         eng = engine(target)
         try:
             with eng.connect() as conn:
-                _create_until_done(conn, target)
+                _create_until_done(conn, target, statement_timeout)
         finally:
             eng.dispose()
     except LedgerError:
@@ -255,9 +303,41 @@ def ensure(target: Target) -> None:
 # How long a creation looks again while a node of a Galera cluster made (part of) it at the
 # same moment (Dialect.made_elsewhere: GET_LOCK is the node's own, not the cluster's).
 _MADE_ELSEWHERE_FOR = 60.0  # seconds: as long as GET_LOCK waits for another process's turn
+# How long a creation, upgrade or prune waits for a lock (the schema lock another process
+# holds, a table's behind an open transaction, a row's): as long as GET_LOCK waits. Without
+# it PostgreSQL and MySQL's metadata locks wait for ever, and a first use whose commit waited
+# for a synchronous standby that is down held every later first use behind its schema lock.
+LOCK_WAIT = 60.0
 
 
-def _create_until_done(conn: Connection, target: Target) -> None:
+def bound_lock_waits(conn: Connection, target: Target) -> None:
+    """The first statements of a transaction that creates, upgrades or prunes: its lock
+    waits bounded by LOCK_WAIT (Dialect.lock_waits)."""
+    for statement in of(target).lock_waits(LOCK_WAIT):
+        conn.execute(text(statement))
+
+
+def commit(conn: Connection, target: Target, statement_timeout: float) -> float | None:
+    """Commit conn's transaction; where a commit may wait for a synchronous standby
+    (PostgreSQL), under the statements' limits (once.ledger.watchdog.watched_commit). None
+    when it was answered in time; the limit when it was cancelled in its wait for a standby:
+    it then stands on the primary alone."""
+    if not of(target).synchronous_standbys:
+        conn.commit()
+        return None
+    from once.ledger.watchdog import watched_commit
+
+    return watched_commit(conn.connection.driver_connection,  # type: ignore[arg-type]
+                          conn.commit, statement_timeout)
+
+
+def unconfirmed(what: str, limit: float) -> str:
+    """The words for a commit no synchronous standby confirmed in time (commit)."""
+    return (f"no synchronous standby confirmed {what} within {limit:g}s (is the synchronous "
+            f"standby down? see synchronous_standby_names)")
+
+
+def _create_until_done(conn: Connection, target: Target, statement_timeout: float) -> None:
     """_create_locked, again while a MySQL-family server says another node did (part of) it
     at the same moment, until a pass finds nothing left to make or the time is up."""
     import random
@@ -266,7 +346,7 @@ def _create_until_done(conn: Connection, target: Target) -> None:
     give_up = time.monotonic() + _MADE_ELSEWHERE_FOR
     while True:
         try:
-            _create_locked(conn, target)
+            _create_locked(conn, target, statement_timeout)
             return
         except Exception as exc:
             if not of(target).made_elsewhere(exc) or time.monotonic() > give_up:
@@ -275,7 +355,7 @@ def _create_until_done(conn: Connection, target: Target) -> None:
         time.sleep(random.uniform(0.05, 0.3))
 
 
-def _create_locked(conn: Connection, target: Target) -> None:
+def _create_locked(conn: Connection, target: Target, statement_timeout: float) -> None:
     """Create and upgrade under the dialect's schema lock, released only after the commit.
 
     PostgreSQL: a transaction-scoped advisory lock. SQLite: the write lock of BEGIN IMMEDIATE.
@@ -290,12 +370,17 @@ def _create_locked(conn: Connection, target: Target) -> None:
             raise LedgerError(f"timed out waiting for the schema lock in {target.redacted}")
     try:
         with conn.begin():
+            bound_lock_waits(conn, target)
             if backend.transaction_lock:
                 conn.execute(text(backend.transaction_lock))
             metadata.create_all(conn, checkfirst=True)
             from once.ledger.upgrade import upgrade  # it imports this module's tables
 
             upgrade(conn)
+            limit = commit(conn, target, statement_timeout)
+        if limit is not None:  # made on the primary alone: the first claim would wait too
+            raise LedgerError(f"cannot create the ledger's tables in {target.redacted}: "
+                              f"{unconfirmed('them', limit)}")
     finally:
         if backend.session_lock:
             conn.execute(text(backend.session_lock[1]))
@@ -308,14 +393,16 @@ def _prepare_sqlite_file(target: Target) -> None:
         return
     import sys
 
+    from once.secrets import scrub
+
     create_private(target)  # the default ledger: the user's alone
     directory = os.path.dirname(os.path.abspath(target.path))
     os.makedirs(directory, exist_ok=True)
     fstype = filesystem_type(directory)
     if fstype in NETWORK_FILESYSTEMS:
-        print(
+        print(scrub(
             f"once: warning: the SQLite ledger {target.path} is on a network filesystem "
-            f"({fstype}); its locks are unreliable there: use PostgreSQL or MySQL for a fleet",
+            f"({fstype}); its locks are unreliable there: use PostgreSQL or MySQL for a fleet"),
             file=sys.stderr,
         )
     _into_wal(target.path, of(target).schema_connect_timeout)

@@ -50,6 +50,7 @@ def run(
     on_start: Callable[[], None] | None = None,
     output_tail: int = 0,
     keeper: Keeper | None = None,
+    end_group: bool = False,
 ) -> Outcome:
     """Run command to its end (or ours) under lease; return how it ended.
 
@@ -58,7 +59,8 @@ def run(
     fork: it may start threads). output_tail: keep the last bytes of the command's stdout and
     stderr where they are not a terminal (once.run.relay); 0: leave them alone. keeper: a
     catch-up's guard, kept from one period to the next (once.run.keeper); None: a guard forked
-    for this command alone.
+    for this command alone. end_group: once the command has ended, kill what it left in its
+    process group and wait for the group to be gone (once lead: nothing of a term outlives it).
     """
     tty = _foreground_tty()
     grace = kill_after if lease is None else min(kill_after, max_grace(lease.stale_after))
@@ -88,7 +90,10 @@ def run(
         if on_start is not None:
             on_start()
         try:
-            return supervisor.wait(guard, report)
+            outcome = supervisor.wait(guard, report)
+            if end_group:
+                _end_group(guard, supervisor.reap_all)
+            return outcome
         finally:
             if kept is None:
                 os.close(report)
@@ -98,6 +103,25 @@ def run(
                 _guard.take_terminal(tty, os.getpgrp())
             if relay is not None:
                 relay.end(0.0)  # on the way out of an error: no waiting for the rest
+
+
+def _end_group(group: int, reap_all: bool, patience: float = 5.0) -> None:
+    """SIGKILL what is left of the command's process group (the guard led it; the group keeps
+    its id while a member lives) and wait until none is: a leftover would outlive the term
+    that started it. As PID 1 the orphans are ours to reap."""
+    import time
+
+    give_up = lease_now() + patience
+    while lease_now() < give_up:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return
+        if reap_all:
+            with suppress(ChildProcessError):
+                while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                    pass
+        time.sleep(0.01)
 
 
 def signal_name(number: int) -> str:

@@ -1,0 +1,354 @@
+"""`once lead`'s statements: a lease per lead name, judged by the database's clock.
+
+A candidate reads the lease (`peek`, a plain read: a hundred candidates cost the server next
+to nothing) and tries to acquire it only when it is free: one UPDATE that only one of any
+number of callers can win, as it changes what it tests (no holder, or an expires_at that has
+passed). The winner's term is larger than every term of that name before it: the row's term
+plus one, on PostgreSQL at least the timeline's floor (once.ledger.pg_claim.TIMELINE_FLOOR),
+so that a promotion that lost commits never hands out a term again. A renewal and a release
+name the holder (one process's own id) and the term, and match nothing once either changed:
+a renewal can never extend another's lease. docs/concepts/leases.md says the rest.
+
+The tables (once.ledger.schema: once_leases, once_lead_terms, once_lead_candidates) are a
+compatible addition: made by the first statement that misses them, as every table is.
+Imports the stdlib and the ledger's own modules; not on `once run`'s path.
+"""
+
+from __future__ import annotations
+
+import secrets
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from once.deadlines import lease_now
+from once.ledger.base import Ledger
+from once.ledger.records import LedgerError
+
+if TYPE_CHECKING:
+    from once.ledger.dbapi import Connection, Params, Row
+    from once.ledger.dialects import Dialect
+
+class _Transactional(Protocol):
+    """What each dialect's ledger has beside the shared flow: one transaction, a cursor for
+    statements in the pyformat style (named style on SQLite: _sql converts)."""
+
+    def _transaction(self) -> AbstractContextManager[Any]: ...
+
+
+# A free lease's expires_at before its first holder: long past on every clock.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+# Per dialect: the database's clock in a statement (constant within it), that clock plus
+# %(lease)s seconds, and the next term of the row being updated.
+_NOW = {"postgresql": "statement_timestamp()", "mysql": "UTC_TIMESTAMP(6)",
+        "sqlite": "(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now') || '000')"}
+_UNTIL = {"postgresql": "statement_timestamp() + make_interval(secs => %(lease)s)",
+          "mysql": "UTC_TIMESTAMP(6) + INTERVAL ROUND(%(lease)s * 1000000) MICROSECOND",
+          "sqlite": "(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '+' || %(lease)s || "
+                    "' seconds') || '000')"}
+
+
+def _next_term(dialect: str, timeline: bool) -> str:
+    if dialect == "postgresql" and timeline:
+        from once.ledger.pg_claim import TIMELINE_FLOOR
+
+        return f"GREATEST(term + 1, {TIMELINE_FLOOR})"
+    if dialect == "mysql":  # handed back in the OK packet (cursor.lastrowid)
+        return "LAST_INSERT_ID(term + 1)"
+    return "term + 1"
+
+
+@dataclass(frozen=True)
+class Peek:
+    """A lease as a candidate sees it: free now, or free in `free_in` seconds (database
+    time) unless renewed; who holds it and in which term."""
+
+    exists: bool
+    free_in: float
+    owner: str | None
+    term: int
+
+    @property
+    def free(self) -> bool:
+        return self.free_in <= 0
+
+
+@dataclass(frozen=True)
+class Lead:
+    """A lead name as the reports show it (once_leases and its waiting candidates)."""
+
+    name: str
+    owner: str | None  # the holder's name; None: nobody holds it
+    term: int
+    lease_seconds: float
+    acquired_at: datetime | None
+    renewed_at: datetime | None
+    expires_at: datetime
+    now: datetime  # the database's clock when read
+    candidates: int  # seen within three of their intervals
+
+    @property
+    def held(self) -> bool:
+        return self.owner is not None and self.expires_at > self.now
+
+    @property
+    def leaderless_for(self) -> float:
+        """Seconds since the last holder's lease ended (0 while one holds it)."""
+        return 0.0 if self.held else max(0.0, (self.now - self.expires_at).total_seconds())
+
+
+@dataclass(frozen=True)
+class TermRow:
+    """One term of a lead name (once_lead_terms)."""
+
+    name: str
+    term: int
+    owner: str
+    lease_seconds: float
+    started_at: datetime
+    ended_at: datetime | None
+    ended: str | None  # released, lost, expired; None: it lasts (or ended unseen)
+
+
+def new_holder() -> str:
+    """A holder's id: one process's own, never another's (two processes of one pod, with one
+    ONCE_OWNER, are two holders)."""
+    return secrets.token_hex(16)
+
+
+# How often a candidate says it waits (once_lead_candidates.seen_at), and how long a row
+# counts: a report counts a candidate seen within three of these.
+def stand_interval(lease: float) -> float:
+    return max(5.0, lease)
+
+
+class Leases:
+    """The lease statements on one ledger connection (once.ledger.base.Ledger's)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.dialect = ledger.dialect
+        self.timeline = ledger.dialect == "postgresql"  # off where the server cannot say
+
+    def _sql(self, text: str) -> str:
+        text = text.replace("{now}", _NOW[self.dialect]).replace("{until}", _UNTIL[self.dialect])
+        if self.dialect == "sqlite":
+            from once.ledger.sqlite import pyformat_to_named
+
+            return pyformat_to_named(text)
+        return text
+
+    def _upsert(self, sql: str, on_conflict: tuple[str, str]) -> str:
+        """An insert with its dialect's answer to a row already there (standard, MySQL)."""
+        return sql.replace("{on_conflict}", on_conflict[self.dialect == "mysql"])
+
+    def _run(self, doing: str, work: Any) -> Any:
+        """`work(execute)` in one transaction, the tables made if missing; a driver's error
+        as a LedgerError saying what was being done."""
+        ledger = self.ledger
+
+        def attempt() -> Any:
+            with cast("_Transactional", ledger)._transaction() as cur:
+                def execute(sql: str, params: Params) -> Any:
+                    cur.execute(self._sql(sql), params)
+                    return cur
+                return work(execute)
+
+        return ledger._with_schema(attempt, doing)
+
+    # -- a candidate
+
+    PEEK = """
+        SELECT holder, owner, term, expires_at, {now} FROM once_leases WHERE name = %(name)s"""
+
+    def peek(self, name: str) -> Peek:
+        def work(execute: Any) -> Peek:
+            row = execute(self.PEEK, {"name": name}).fetchone()
+            if row is None:
+                return Peek(False, 0.0, None, 0)
+            holder, owner, term, expires, now = row
+            backend = self.ledger.backend
+            left = (backend.from_db(expires) - backend.from_db(now)).total_seconds()
+            return Peek(True, left if holder is not None else 0.0, owner, int(term))
+
+        return self._run("cannot read the lease in", work)  # type: ignore[no-any-return]
+
+    # Made with no holder and long expired; the row's lock is then what acquirers race on.
+    SEED = """INSERT INTO once_leases (name, term, lease_seconds, expires_at)
+              VALUES (%(name)s, 0, %(lease)s, %(epoch)s) {on_conflict}"""
+    SEED_CONFLICT = ("ON CONFLICT DO NOTHING", "ON DUPLICATE KEY UPDATE name = name")
+
+    ACQUIRE = """
+        UPDATE once_leases SET holder = %(holder)s, owner = %(owner)s, term = {term},
+               lease_seconds = %(lease)s, acquired_at = {now}, renewed_at = {now},
+               expires_at = {until}
+        WHERE name = %(name)s AND (holder IS NULL OR expires_at <= {now})"""
+    CLOSE_EXPIRED = """
+        UPDATE once_lead_terms SET ended = 'expired', ended_at = %(expired_at)s
+        WHERE name = %(name)s AND term < %(term)s AND ended IS NULL"""
+    OPEN_TERM = """
+        INSERT INTO once_lead_terms (name, term, owner, lease_seconds, started_at)
+        VALUES (%(name)s, %(term)s, %(owner)s, %(lease)s, {now})"""
+    WITHDRAW = "DELETE FROM once_lead_candidates WHERE name = %(name)s AND holder = %(holder)s"
+    PREVIOUS = "SELECT holder, expires_at FROM once_leases WHERE name = %(name)s"
+
+    def acquire(self, name: str, holder: str, owner: str, lease: float) -> tuple[int, float] | None:
+        """Take the lease if it is free: (the term won, when the statement was sent on the
+        lease clock: the deadline counts from there); None when another holds it."""
+        params: Params = {"name": name, "holder": holder, "owner": owner,
+                          "lease": float(lease), "epoch": self.ledger.backend.bind(_EPOCH)}
+        sent = lease_now()
+
+        def work(execute: Any) -> int | None:
+            previous = execute(self.PREVIOUS, params).fetchone()
+            if previous is None:
+                execute(self._upsert(self.SEED, self.SEED_CONFLICT), params)
+            term = self._acquire(execute, params)
+            if term is None:
+                return None
+            expired_at = previous[1] if previous is not None and previous[0] else None
+            if expired_at is not None:
+                execute(self.CLOSE_EXPIRED, {**params, "term": term, "expired_at": expired_at})
+            execute(self.OPEN_TERM, {**params, "term": term})
+            execute(self.WITHDRAW, params)
+            return term
+
+        term = self._run("cannot acquire the lease in", work)
+        return None if term is None else (int(term), sent)
+
+    def _acquire(self, execute: Any, params: Params) -> int | None:
+        sql = self.ACQUIRE.replace("{term}", _next_term(self.dialect, self.timeline))
+        if self.dialect == "mysql":
+            cur = execute(sql, params)
+            return int(cur.lastrowid) if cur.rowcount == 1 else None
+        row = execute(sql + " RETURNING term", params).fetchone()
+        return None if row is None else int(row[0])
+
+    STAND = """INSERT INTO once_lead_candidates (name, holder, owner, seen_at)
+               VALUES (%(name)s, %(holder)s, %(owner)s, {now}) {on_conflict}"""
+    STAND_CONFLICT = ("ON CONFLICT (name, holder) DO UPDATE SET seen_at = excluded.seen_at",
+                      "ON DUPLICATE KEY UPDATE seen_at = VALUES(seen_at)")
+
+    def stand(self, name: str, holder: str, owner: str) -> None:
+        """Say that this candidate waits (for the reports)."""
+        params = {"name": name, "holder": holder, "owner": owner}
+        self._run("cannot stand as a candidate in",
+                  lambda execute: execute(self._upsert(self.STAND, self.STAND_CONFLICT), params))
+
+    def withdraw(self, name: str, holder: str) -> None:
+        """This candidate waits no more."""
+        params = {"name": name, "holder": holder}
+        self._run("cannot withdraw the candidate from",
+                  lambda execute: execute(self.WITHDRAW, params))
+
+    # -- the holder
+
+    RENEW = """
+        UPDATE once_leases SET renewed_at = {now}, expires_at = {until}
+        WHERE name = %(name)s AND holder = %(holder)s AND term = %(term)s
+          AND expires_at > {now}"""
+
+    def renew(self, name: str, holder: str, term: int, lease: float) -> bool:
+        """Extend our lease; False when it is no longer ours (taken, released, or past its
+        expiry on the database's clock)."""
+        params = {"name": name, "holder": holder, "term": term, "lease": float(lease)}
+        return bool(self._run("cannot renew the lease in",
+                              lambda execute: execute(self.RENEW, params).rowcount == 1))
+
+    RELEASE = """
+        UPDATE once_leases SET holder = NULL, owner = NULL, expires_at = {now}
+        WHERE name = %(name)s AND holder = %(holder)s AND term = %(term)s"""
+    END_TERM = """
+        UPDATE once_lead_terms SET ended = %(how)s, ended_at = COALESCE(ended_at, {now})
+        WHERE name = %(name)s AND term = %(term)s AND (ended IS NULL OR ended = 'expired')"""
+
+    def release(self, name: str, holder: str, term: int, how: str = "released") -> bool:
+        """Give the lease up (its command is dead): a candidate may take it at once. `how`
+        the term ended (released, or lost: the holder stepped down). True when the lease was
+        still ours."""
+        params = {"name": name, "holder": holder, "term": term, "how": how}
+
+        def work(execute: Any) -> bool:
+            ours = bool(execute(self.RELEASE, params).rowcount == 1)
+            execute(self.END_TERM, params)
+            return ours
+
+        return bool(self._run("cannot release the lease in", work))
+
+    RETIRE = """
+        DELETE FROM once_leases
+        WHERE name = %(name)s AND (holder IS NULL OR expires_at <= {now})"""
+    RETIRE_CANDIDATES = "DELETE FROM once_lead_candidates WHERE name = %(name)s"
+
+    def retire(self, name: str) -> bool | None:
+        """Forget a lead name that nobody holds (its terms stay in the history): True when
+        retired, False when a live holder has it, None when there is no such name."""
+        params = {"name": name}
+
+        def work(execute: Any) -> bool | None:
+            if execute(self.PREVIOUS, params).fetchone() is None:
+                return None
+            if execute(self.RETIRE, params).rowcount != 1:
+                return False
+            execute(self.RETIRE_CANDIDATES, params)
+            return True
+
+        result: bool | None = self._run("cannot retire the lead name in", work)
+        return result
+
+
+# -- the reports' reads, on a connection of their own (a snapshot's)
+
+LEADS = "SELECT name, holder, owner, term, lease_seconds, acquired_at, renewed_at, expires_at " \
+        "FROM once_leases ORDER BY name"
+CANDIDATES = "SELECT name, seen_at FROM once_lead_candidates"
+TERMS = ("SELECT name, term, owner, lease_seconds, started_at, ended_at, ended "
+         "FROM once_lead_terms WHERE name = %(name)s ORDER BY term")
+ALL_TERMS = ("SELECT name, term, owner, lease_seconds, started_at, ended_at, ended "
+             "FROM once_lead_terms ORDER BY name, term")
+
+
+def read_leads(backend: Dialect, conn: Connection) -> list[Lead]:
+    """Every lead name, its holder and waiting candidates; [] on a ledger without the tables
+    (no `once lead` has run there)."""
+    rows = _read(backend, conn, LEADS, {})
+    if not rows:
+        return []
+    now = backend.from_db(backend.fetch(conn, backend.now_sql, {})[0][0])
+    # A candidate stands again every stand_interval(its lease): one seen within three of
+    # those (by the name's latest lease) is waiting; an older row is one that went away.
+    lease_of = {str(row[0]): float(row[4]) for row in rows}
+    waiting: dict[str, int] = {}
+    for name, seen in _read(backend, conn, CANDIDATES, {}):
+        age = (now - backend.from_db(seen)).total_seconds()
+        fresh = age <= 3 * stand_interval(lease_of.get(str(name), 0.0))
+        waiting[str(name)] = waiting.get(str(name), 0) + int(fresh)
+    return [_lead(backend, row, now, waiting.get(str(row[0]), 0)) for row in rows]
+
+
+def _lead(backend: Dialect, row: Row, now: datetime, candidates: int) -> Lead:
+    name, holder, owner, term, lease, acquired, renewed, expires = row
+    return Lead(str(name), None if holder is None else str(owner), int(term), float(lease),
+                None if acquired is None else backend.from_db(acquired),
+                None if renewed is None else backend.from_db(renewed),
+                backend.from_db(expires), now, candidates)
+
+
+def read_terms(backend: Dialect, conn: Connection, name: str | None = None) -> list[TermRow]:
+    """The terms of one lead name (every name's: None), oldest first."""
+    rows = _read(backend, conn, TERMS if name is not None else ALL_TERMS, {"name": name})
+    return [TermRow(str(r[0]), int(r[1]), str(r[2]), float(r[3]), backend.from_db(r[4]),
+                    None if r[5] is None else backend.from_db(r[5]),
+                    None if r[6] is None else str(r[6])) for r in rows]
+
+
+def _read(backend: Dialect, conn: Connection, sql: str, params: Params) -> list[Row]:
+    try:
+        return backend.fetch(conn, sql, params)
+    except Exception as exc:
+        if backend.schema_missing(exc, columns=False):
+            backend.rollback(conn)
+            return []
+        raise LedgerError(f"cannot read the leases: {exc}") from exc

@@ -1,0 +1,245 @@
+"""`once lead`: one leader per name for a long-running command, the rest candidates.
+
+    candidate ──(the lease is free: acquire wins a term)──> leader: the command runs
+        ^                                                     │
+        │   (--rejoin)                                        ├─ the command ends: release, exit
+        └──────────────── lost: stepped down ─────────────────┤   with its status
+                                                              └─ a stop signal: forwarded; once
+                                                                 the group is dead, release
+
+The command runs under the wrapper and guard of `once run` (once.run.wrapper): renewed every
+third of the lease, counted from when the last successful renewal was *sent*, it gets SIGTERM
+--kill-after before that renewal's deadline and SIGKILL at it, from the guard too when this
+process is stopped or killed. Each state change is one `once:` line (or a JSON event). No SQL
+here: the statements are once.ledger.leases'.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING
+
+from once import limits
+from once.deadlines import lease_now, statement_timeout
+from once.messages import ERROR, NORMAL, say
+from once.run.child import EXPORTED
+from once.run.guard import FORWARDED
+from once.run.lease import Lease
+
+if TYPE_CHECKING:
+    from once.ledger import Ledger
+    from once.ledger.leases import Leases, Peek
+
+# A candidate looks at the lease this often (jittered), so that it learns of a free lease
+# within a second; a look is one indexed read.
+POLL = 0.5
+# After a failed look (the ledger unreachable) it waits longer each time, up to this.
+MAX_BACKOFF = 5.0
+LEASE_MIN = 3.0  # seconds: a statement's bound (at least 1 s) must fit a third of it
+FENCED_OUT = 70  # the lease was lost and the command stopped (docs: exit statuses)
+
+
+def lease_problem(lease: float, kill_after: float | None) -> str:
+    """Why --lease and --kill-after cannot keep the promise ('' when they can): the command
+    must be dead by the lease's deadline, with a renewal sent every third of the lease and
+    answered within a statement's bound before the SIGTERM goes out."""
+    if not LEASE_MIN <= lease <= limits.DURATION_MAX:
+        return (f"--lease {lease:g}s: use {LEASE_MIN:g}s to {limits.DURATION_MAX}s (renewed "
+                f"every third of it, each renewal bounded by at least a second)")
+    grace = kill_after_for(lease, kill_after)
+    if grace + statement_timeout(lease) > lease * 2 / 3:
+        return (f"--kill-after {grace:g}s does not fit --lease {lease:g}s: the SIGTERM goes "
+                f"out --kill-after before the deadline, and the renewal due a third of the "
+                f"lease before needs its {statement_timeout(lease):g}s bound first; use at "
+                f"most {lease * 2 / 3 - statement_timeout(lease):.3g}s")
+    return ""
+
+
+def kill_after_for(lease: float, kill_after: float | None) -> float:
+    """--kill-after, or by default a third of the lease, at most 10 s."""
+    return min(10.0, lease / 3) if kill_after is None else kill_after
+
+
+class Voice:
+    """How `once lead` says its lines (once.messages.Voice)."""
+
+    def __init__(self, name: str, owner: str, verbosity: int = NORMAL,
+                 log_format: str = "text") -> None:
+        self.verbosity, self.log_format, self.owner = verbosity, log_format, owner
+        self.context: dict[str, object] = {"lead": name}
+
+
+class Elector:
+    """One process's candidacy for a lead name on one ledger: waits for the lease, holds it
+    while the caller leads, gives it up."""
+
+    def __init__(self, ledger: Ledger, name: str, lease: float, owner: str,
+                 voice: Voice) -> None:
+        from once.ledger.leases import Leases, new_holder
+
+        self.ledger, self.name, self.lease, self.owner = ledger, name, float(lease), owner
+        self.leases: Leases = Leases(ledger)
+        self.holder = new_holder()
+        self.voice = voice
+        self.stop = threading.Event()  # set by a stop signal (or the API's caller)
+        self._said = ""  # the last state line, not said twice
+        self._stood_at = -1e9
+
+    def say(self, message: str, event: str, level: int = NORMAL) -> None:
+        key = f"{event}:{message}"
+        if key != self._said:
+            self._said = key
+            say(message, self.voice, level, event=event,
+                json_level="error" if level == ERROR else "info")
+
+    # -- a candidate
+
+    def campaign(self) -> tuple[int, float] | None:
+        """Wait for the lease and take it: (term, when the acquire was sent, lease clock);
+        None when `stop` was set first."""
+        backoff = POLL
+        while not self.stop.is_set():
+            try:
+                won = self._try()
+                backoff = POLL
+            except Exception as exc:  # a LedgerError: unreachable, refused, a lost race
+                self.ledger.close()  # the next look opens a fresh connection
+                if not self._lost_race(exc):
+                    self.say(f"{self.name}: no leader can be chosen now, {exc}; trying again "
+                             f"every {min(backoff * 2, MAX_BACKOFF):g}s at most", "ledger-error",
+                             ERROR)
+                    backoff = min(backoff * 2, MAX_BACKOFF)
+                pause = backoff
+            else:
+                if isinstance(won, tuple):
+                    return won
+                pause = won
+            self.stop.wait(random.uniform(0.8, 1.2) * pause)
+        return None
+
+    def _try(self) -> tuple[int, float] | float:
+        """One look, and an acquire if the lease is free: the term won, or how long to wait."""
+        from once.ledger.leases import stand_interval
+
+        peek = self.leases.peek(self.name)
+        if peek.free:
+            won = self.leases.acquire(self.name, self.holder, self.owner, self.lease)
+            if won is not None:
+                return won
+            peek = self.leases.peek(self.name)
+        if lease_now() - self._stood_at >= stand_interval(self.lease):
+            self.leases.stand(self.name, self.holder, self.owner)
+            self._stood_at = lease_now()
+        self._say_held(peek)
+        return max(0.05, min(POLL, peek.free_in))
+
+    def _say_held(self, peek: Peek) -> None:
+        if peek.owner is not None and not peek.free:
+            self.say(f"{self.name}: candidate; {peek.owner} leads (term {peek.term})",
+                     "candidate")
+        else:
+            self.say(f"{self.name}: candidate; no leader now", "candidate")
+
+    def _lost_race(self, exc: BaseException) -> bool:
+        cause = exc.__cause__ or exc
+        return self.ledger.backend.lost_race(cause)
+
+    def withdraw(self) -> None:
+        with suppress(Exception):  # a candidate row left behind ages out of the reports
+            self.leases.withdraw(self.name, self.holder)
+
+    # -- the leader
+
+    def lease_for(self, term: int, sent: float) -> Lease:
+        """The term as its holder keeps it (once.run.lease): renewed by holder and term."""
+        return Lease(lambda: self.leases.renew(self.name, self.holder, term, self.lease),
+                     self.lease, sent)
+
+    def release(self, term: int, how: str = "released") -> bool:
+        """Give the lease up (the command's group is dead); False when it could not be
+        written (it then runs out by itself)."""
+        try:
+            self.leases.release(self.name, self.holder, term, how)
+        except Exception as exc:
+            self.say(f"{self.name}: cannot release term {term} ({exc}); it runs out by "
+                     f"itself within the lease", "release-failed", ERROR)
+            return False
+        return True
+
+
+# -- `once lead -- COMMAND`
+
+
+def child_env(name: str, term: int) -> dict[str, str]:
+    """The command's environment: once's own variables of an outer run dropped (a nested
+    `once` behaves as cron starts it), ONCE_LEAD and ONCE_TERM set."""
+    env = {key: value for key, value in os.environ.items() if key not in EXPORTED}
+    env.update({"ONCE_LEAD": name, "ONCE_TERM": str(term)})
+    return env
+
+
+def lead_command(elector: Elector, command: Sequence[str], kill_after: float,
+                 rejoin: bool = False) -> int:
+    """Stand, lead while the command runs, step down; the exit status (docs: exit
+    statuses): the command's own, 0 for a candidate stopped by a signal, FENCED_OUT for a
+    lost lease (unless `rejoin`: then it stands again)."""
+    with _stop_signals(elector.stop):
+        while True:
+            won = elector.campaign()
+            if won is None:
+                elector.withdraw()
+                elector.say(f"{elector.name}: stopped while a candidate", "stopped")
+                return 0
+            status, lost = _lead_once(elector, command, kill_after, *won)
+            if not lost or not rejoin or elector.stop.is_set():
+                return status
+            elector.say(f"{elector.name}: standing again (--rejoin)", "rejoin")
+
+
+def _lead_once(elector: Elector, command: Sequence[str], kill_after: float, term: int,
+               sent: float) -> tuple[int, bool]:
+    """One term: the status `once lead` would exit with, and whether the lease was lost."""
+    from once.run import wrapper
+
+    name = elector.name
+    if elector.stop.is_set():  # a stop signal while the acquire was in flight
+        elector.release(term)
+        return 0, False
+    lease = elector.lease_for(term, sent)
+    elector.say(f"{name}: leading, term {term}", "leading")
+    outcome = wrapper.run(command, child_env(name, term), lease, kill_after, end_group=True)
+    if outcome.interrupted_by is not None:
+        elector.stop.set()  # the signal was forwarded to the command: this process stops too
+    if outcome.kind == "fenced-out" or lease.lost:
+        why = lease.last_error or "another holder took the lease"
+        elector.say(f"{name}: lost the lease of term {term} ({why}); the command was "
+                    f"stopped", "lost", ERROR)
+        elector.release(term, "lost")
+        return FENCED_OUT, True
+    elector.release(term)
+    stopped = (f" after {wrapper.signal_name(outcome.interrupted_by)}"
+               if outcome.interrupted_by else "")
+    elector.say(f"{name}: released term {term}; the command ended{stopped} with status "
+                f"{outcome.status}", "released")
+    return outcome.status, False
+
+
+@contextmanager
+def _stop_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM, SIGINT and SIGHUP stop a candidate (the wrapper forwards them to a leader's
+    command while it runs, and they stop this loop after it)."""
+    def handler(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    handled = [sig for sig in FORWARDED if signal.getsignal(sig) != signal.SIG_IGN]
+    previous = {sig: signal.signal(sig, handler) for sig in handled}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
