@@ -3,7 +3,7 @@
 10,000 jobs x 100 periods (1M rows, seeded as the report rows seed theirs: bench.report_rows)
 on SQLite and PostgreSQL; `once serve` started on each, `/` (the first page of 100 jobs,
 problems first) fetched DASHBOARD_ROUNDS times, each after the server's shared read has gone
-stale (once.serve.server.FRESH), and `/api/status` beside it: a page of 100 jobs with problems
+stale (once.serve.reads.FRESH), and `/api/status` beside it: a page of 100 jobs with problems
 (what a script polls), and every job in full. Printed: the median wall time of a request and
 the server's CPU time for it (what the wall time would be on an idle machine, the database
 server's share aside). Goal: `/` under 1 s.
@@ -49,7 +49,7 @@ def run(directory: Path, pg: str) -> None:
 
 
 def timed(name: str, url: str) -> None:
-    from once.serve.server import FRESH
+    from once.serve.reads import FRESH
 
     port = _free_port()
     env = {**os.environ, "ONCE_DATABASE_URL": url}

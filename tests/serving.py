@@ -17,7 +17,8 @@ import pytest
 from helpers import ONCE
 
 if TYPE_CHECKING:
-    from once.serve.server import ServeOptions, Server
+    from once.serve.options import ServeOptions
+    from once.serve.server import Server
 
 
 @contextmanager
@@ -168,3 +169,22 @@ def families(exposition: str) -> dict[str, Any]:
     from prometheus_client.parser import text_string_to_metric_families
 
     return {f.name: f.type for f in text_string_to_metric_families(exposition)}
+
+
+def sent(port: int, request: bytes, timeout: float = 30.0) -> Answer:
+    """`request` sent as it is on a socket of its own (no client adds or fixes a header: the
+    Host is exactly what the test wrote), the answer read until the server closes."""
+    import socket
+    from email.parser import BytesHeaderParser
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, _, fields = head.partition(b"\r\n")
+    headers = BytesHeaderParser(_class=http.client.HTTPMessage).parsebytes(fields)
+    assert isinstance(headers, http.client.HTTPMessage)
+    return Answer(int(status_line.split()[1]), headers, body)

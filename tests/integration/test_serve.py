@@ -385,7 +385,8 @@ def test_trickling_clients_are_cut_off_and_cannot_hold_the_others_back(
         once_env: dict[str, str], serve_process: Callable[..., Served]) -> None:
     import socket
 
-    from once.serve.server import MAX_CLIENTS, REQUEST_DEADLINE
+    from once.serve.handler import REQUEST_DEADLINE
+    from once.serve.server import MAX_CLIENTS
 
     once(once_env, "run", "--job", "j", "--every", "day", "--", "true")
     server = serve_process(env=once_env)

@@ -12,7 +12,8 @@ import pytest
 
 from once.ledger import parse_url
 from once.serve import data as serve_data
-from once.serve.server import ServeOptions, Server
+from once.serve.options import ServeOptions
+from once.serve.server import Server
 from serving import get_from, in_process
 
 

@@ -423,23 +423,34 @@ def metrics(db: str | None, db_password_file: str | None, namespace: str | None)
 @click.option("--token-file", metavar="PATH", type=click.Path(dir_okay=False),
               help="Require the token in PATH (Authorization: Bearer TOKEN, or HTTP Basic "
                    "with it as password) for every page but /healthz.")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
+              help="Also answer requests whose Host header names NAME, without a port (any "
+                   "port): a Service's or an ingress's name; .example.com for it and every "
+                   "name under it; '*' for any name, which lets a web page read the pages "
+                   "through DNS rebinding. Repeatable. Without it only localhost, 127.0.0.1, "
+                   "[::1], the --listen host and the address a client reached are answered; "
+                   "any other name gets 421.")
 def serve(listen: str, db: str | None, db_password_file: str | None, namespace: str | None,
-          refresh: float, read_timeout: float, token_file: str | None) -> int:
+          refresh: float, read_timeout: float, token_file: str | None,
+          allow_hosts: tuple[str, ...]) -> int:
     """Serve the ledger read-only over HTTP: / (every job, problems first), /job/NAME,
     /metrics (as once metrics), /api/status (as once status --json; ?limit=N&offset=M for a
     page) and /healthz.
 
-    Nothing it serves changes the ledger. It runs until SIGTERM or SIGINT (exit 0).
+    Nothing it serves changes the ledger. It answers only requests whose Host header names
+    it (--allow-host), so that a web page cannot read it through DNS rebinding. It runs until
+    SIGTERM or SIGINT (exit 0).
     """
     from once import serve as server
 
     try:
         host, port = server.parse_listen(listen)
+        hosts = server.Hosts.of(host, allow_hosts)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     token = _read_token(token_file) if token_file else None
     settings = server.ServeOptions(open_target(db, db_password_file), namespace, refresh,
-                               read_timeout, token)
+                                   read_timeout, token, hosts)
     try:
         return server.serve(settings, host, port)
     except OSError as exc:

@@ -22,7 +22,7 @@ from once.serve.data import Fleet, read_only
 from once.serve.overview import NAME_LIMIT, STATES, Listing
 
 if TYPE_CHECKING:
-    from once.serve.server import ServeOptions
+    from once.serve.options import ServeOptions
 
 JSON = "application/json"
 LIMIT_MAX = 10**6  # jobs a page at most (more: a client's mistake)
