@@ -1,0 +1,184 @@
+"""`once lead` on every backend: one child at a time, whatever happens to its leader.
+
+Real `once lead` processes, real signals, real databases. The verdict on overlap comes from
+the children's own log (tests/lead_log.py), never from once's word: each child writes a line
+every 100 ms, and no two children's spans may overlap. Leases are 3 s (the least once takes);
+bounds are generous for a loaded two-core machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import ONCE, run_here, wait_for
+from lead_log import child, judge, leading_children, spans
+from procs import alive, children
+
+LEASE = 3.0
+NAME = "scheduler"
+
+
+def start_lead(env: dict[str, str], log: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([ONCE, "lead", "--name", NAME, "--lease", f"{LEASE:g}s", *extra,
+                             "--", *child(log)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def leader_of(procs: list[subprocess.Popen[str]], log: Path,
+              since: float = 0.0) -> tuple[subprocess.Popen[str], int, int]:
+    """The `once lead` whose child is writing now: (its process, its guard, the child)."""
+    def found() -> tuple[subprocess.Popen[str], int, int] | None:
+        writing = leading_children(log, since)
+        for proc in procs:
+            if proc.poll() is not None:
+                continue
+            for guard in children(proc.pid):
+                for kid in children(guard):
+                    if any(pid == kid for _, pid in writing):
+                        return proc, guard, kid
+        return None
+
+    return wait_for(found, timeout=30, what="a leader's child writing")  # type: ignore[no-any-return]
+
+
+def term_of(log: Path, pid: int) -> int:
+    return next(s.term for s in spans(log) if s.pid == pid)
+
+
+def dead_by(pid: int, deadline: float) -> None:
+    """The process is gone by `deadline` (CLOCK_MONOTONIC), with a little slack for the kill
+    to be delivered and seen."""
+    wait_for(lambda: not alive(pid), timeout=max(0.1, deadline + 1.0 - time.monotonic()),
+             what=f"pid {pid} dead by its lease's deadline")
+
+
+def stop_all(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_one_child_at_a_time_through_kills_pauses_and_signals(
+        once_env: dict[str, str], tmp_path: Path) -> None:
+    log = tmp_path / "children.log"
+    procs = [start_lead(once_env, log) for _ in range(3)]
+    try:
+        # Three candidates at once: one child runs.
+        leader, guard, kid = leader_of(procs, log)
+        time.sleep(1.0)
+        assert len(leading_children(log, time.monotonic() - 0.5)) == 1
+
+        # The leader's `once lead` killed: its child dies with it (the guard), and a candidate
+        # leads within the lease and a second or so.
+        killed_at = time.monotonic()
+        os.kill(leader.pid, signal.SIGKILL)
+        leader.wait()
+        dead_by(kid, killed_at + 0.5)
+        leader, guard, kid = leader_of(procs, log, since=killed_at)
+        first = min(s.first for s in spans(log) if s.pid == kid)
+        assert first - killed_at < LEASE + 3.0
+
+        # Its guard killed: the child dies with the guard, once lead releases and exits 137.
+        killed_at = time.monotonic()
+        os.kill(guard, signal.SIGKILL)
+        dead_by(kid, killed_at + 0.5)
+        assert leader.wait(timeout=30) == 137, leader.stderr
+        leader, guard, kid = leader_of(procs, log, since=killed_at)
+        first = min(s.first for s in spans(log) if s.pid == kid)
+        assert first - killed_at < 3.0, "released at once: a candidate leads within a second"
+        procs.append(start_lead(once_env, log, "--rejoin"))
+
+        # Stopped past its lease: the guard stops the child by the deadline; woken, the old
+        # leader steps down (exit 70) and never starts its child again.
+        stopped_at = time.monotonic()
+        os.kill(leader.pid, signal.SIGSTOP)
+        dead_by(kid, stopped_at + LEASE)
+        new_leader, _, _ = leader_of(procs, log, since=stopped_at + LEASE)
+        os.kill(leader.pid, signal.SIGCONT)
+        assert leader.wait(timeout=30) == 70
+        assert "lost the lease" in leader.stderr.read()
+        time.sleep(0.5)
+        old = term_of(log, kid)
+        assert not [s for s in spans(log) if s.term == old and s.pid != kid]
+
+        # SIGTERM: forwarded; the child ends, the lease is released at once.
+        procs.append(start_lead(once_env, log))
+        time.sleep(1.0)  # standing
+        termed_at = time.monotonic()
+        new_leader.terminate()
+        status = new_leader.wait(timeout=30)
+        assert status == 128 + signal.SIGTERM, new_leader.stderr
+        _, _, last_kid = leader_of(procs, log, since=termed_at + 0.2)
+        first = min(s.first for s in spans(log) if s.pid == last_kid)
+        assert first - termed_at < 3.0
+    finally:
+        stop_all(procs)
+    found = judge(log)
+    assert len(found) >= 5
+
+
+def test_the_lease_is_released_when_the_command_ends(once_env: dict[str, str],
+                                                    tmp_path: Path) -> None:
+    first = subprocess.run([ONCE, "lead", "--name", NAME, "--", "sh", "-c",
+                            'echo "$ONCE_LEAD $ONCE_TERM"; exit 3'], env=once_env,
+                           capture_output=True, text=True, timeout=60)
+    assert first.returncode == 3, first.stderr
+    assert first.stdout.split() == [NAME, "1"]
+    second = subprocess.run([ONCE, "lead", "--name", NAME, "--", "sh", "-c",
+                             'echo "$ONCE_TERM"; kill -TERM $$'], env=once_env,
+                            capture_output=True, text=True, timeout=60)
+    assert second.returncode == 128 + signal.SIGTERM
+    assert int(second.stdout) == 2
+    status = run_here("lead", "--name", NAME, "--retire", env=once_env)
+    assert status.returncode == 0, status.stderr
+
+
+def test_a_candidate_stopped_by_a_signal_exits_0(once_env: dict[str, str],
+                                                 tmp_path: Path) -> None:
+    log, said = tmp_path / "children.log", tmp_path / "candidate.err"
+    leader = start_lead(once_env, log)
+    candidate = None
+    try:
+        leader_of([leader], log)
+        with open(said, "w") as err:
+            candidate = subprocess.Popen(
+                [ONCE, "lead", "--name", NAME, "--lease", f"{LEASE:g}s", "--", *child(log)],
+                env=once_env, stderr=err, text=True)
+        wait_for(lambda: "candidate;" in said.read_text(), timeout=30,
+                 what="the candidate's line")
+        assert "leads (term 1)" in said.read_text()
+        candidate.terminate()
+        assert candidate.wait(timeout=30) == 0
+        assert "stopped while a candidate" in said.read_text()
+        assert leader.poll() is None
+    finally:
+        stop_all([p for p in (leader, candidate) if p is not None])
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--lease", "2s"], "--lease 2s"),
+    (["--lease", "6s", "--kill-after", "3s"], "does not fit --lease 6s"),
+    (["--retire", "--", "true"], "--retire takes no COMMAND"),
+    ([], "no command given"),
+])
+def test_settings_that_cannot_keep_the_promise_are_refused(
+        once_env: dict[str, str], args: list[str], words: str) -> None:
+    command = ["--", "true"] if args and "--retire" not in args else []
+    result = run_here("lead", "--name", NAME, *args, *command, env=once_env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and words in lines[0], result.stderr
