@@ -4,10 +4,12 @@ an old period is no overrun; a catch-up names a period a live owner holds."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from helpers import run_once, wait_for
+from helpers import run_either, run_once, wait_for
 from ledger_sql import query
 from procs import reaped, start_once
 
@@ -77,3 +79,54 @@ def test_a_rerun_of_a_period_a_live_attempt_holds_is_refused_naming_it(
     [line] = rerun.stderr.splitlines()
     assert line.startswith(f"once: live {key}: rerun refused: a live attempt holds it "
                            f"({holder}, attempt 1, ")
+
+
+def _days_ago(n: int) -> str:
+    return (datetime.now(UTC).date() - timedelta(days=n)).isoformat()
+
+
+def _no_overrun_seen(env: dict[str, str]) -> None:
+    """once check, status and metrics while a live attempt of a long-due period has run for
+    seconds: no overrun, nothing paged."""
+    check = run_either("check", "--json", env=env)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert json.loads(check.stdout) == []
+    [job] = json.loads(run_either("status", "--json", env=env).stdout)
+    [running] = job["running"]
+    assert running["due"] and not running["overrun"], running
+    metrics = run_either("metrics", env=env).stdout
+    assert 'once_overrun_attempts{once_job="daily"} 0' in metrics
+
+
+def test_a_fresh_rerun_or_catch_up_of_an_old_period_is_no_overrun(
+        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    every = ["--job", "daily", "--every", "day"]
+    done = run_once("catchup", *every, "--since", _days_ago(7), "--until", _days_ago(0),
+                    "--", "true", env=once_env)
+    assert done.returncode == 0, done.stderr
+    owner = start_once("rerun", "--job", "daily", "--period", _days_ago(6), "--", "sh", "-c",
+                       f"touch {tmp_path}/started; while [ ! -e {tmp_path}/go ]; do sleep "
+                       f"0.05; done", env=once_env)
+    try:
+        wait_for(lambda: (tmp_path / "started").exists() or owner.poll() is not None,
+                 timeout=60, what="the rerun's command")
+        assert owner.poll() is None, owner.communicate()
+        _no_overrun_seen(once_env)
+    finally:
+        _let_go(owner, tmp_path)
+    assert owner.returncode == 0, owner.stderr
+    # A catch-up's period a week and a half back, claimed a moment ago, neither.
+    (tmp_path / "go").unlink()
+    (tmp_path / "started").unlink()
+    catching = start_once("catchup", *every, "--since", _days_ago(10), "--until",
+                          _days_ago(10), "--", "sh", "-c",
+                          f"touch {tmp_path}/started; while [ ! -e {tmp_path}/go ]; do sleep "
+                          f"0.05; done", env=once_env)
+    try:
+        wait_for(lambda: (tmp_path / "started").exists() or catching.poll() is not None,
+                 timeout=60, what="the catch-up's command")
+        assert catching.poll() is None, catching.communicate()
+        check = run_either("check", env=once_env)
+        assert "overrun" not in check.stdout, check.stdout
+    finally:
+        _let_go(catching, tmp_path)

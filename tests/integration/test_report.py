@@ -73,11 +73,16 @@ def check_lines(env: dict[str, str], *args: str) -> tuple[int, list[str]]:
 # -- writing a past state with SQL -----------------------------------------------------------
 
 
-def set_running(url: str, job: str, period: str, heartbeat: datetime) -> None:
-    """Turn a row into a running attempt whose last heartbeat was at `heartbeat`."""
+def set_running(url: str, job: str, period: str, heartbeat: datetime,
+                started: datetime | None = None) -> None:
+    """Turn a row into a running attempt whose last heartbeat was at `heartbeat` (and which
+    started at `started`, if given)."""
     query(url, placeholders("UPDATE once_runs SET status='running', finished_at=NULL, "
                             "exit_code=NULL, heartbeat_at=? WHERE job=? AND period=?", url),
           (db_time(url, heartbeat), job, period))
+    if started is not None:
+        query(url, placeholders("UPDATE once_runs SET started_at=? WHERE job=? AND period=?",
+                                url), (db_time(url, started), job, period))
     # Its attempt, as a running one stands (a finished one would be a done marker).
     query(url, placeholders("UPDATE once_attempts SET status='running', finished_at=NULL, "
                             "exit_code=NULL, outcome=NULL WHERE job=? AND period=? AND "
@@ -295,7 +300,13 @@ def test_check_highest_status_wins(once_env: dict[str, str], ledger_url: str) ->
 def test_check_due_period_held_by_a_live_attempt_is_an_overrun(once_env: dict[str, str],
                                                                ledger_url: str) -> None:
     catchup(once_env, "slow", day(-2), day(0))
+    # An attempt that started seconds ago (a rerun, a catch-up) has not overrun its period.
     set_running(ledger_url, "slow", day(-1), datetime.now(UTC))
+    assert check_lines(once_env) == (0, [f"OK 1 job: every due period done "
+                                         f"({ledger(once_env)})"])
+    # One that has run longer than its day has.
+    set_running(ledger_url, "slow", day(-1), datetime.now(UTC),
+                started=datetime.now(UTC) - timedelta(hours=25))
     code, lines = check_lines(once_env)
     assert code == 2  # a hung run is loud: neither missing nor failed, but overrun
     assert len(lines) == 1 and lines[0].startswith(f"CRITICAL slow {day(-1)} overrun (owner ")

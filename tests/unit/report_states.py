@@ -30,11 +30,14 @@ def day_job(name: str = "nightly", first: str = "2026-11-20", max_attempts: int 
 
 def row(key: str, status: str, attempt: int = 1, *, job: str = "nightly",
         beat_ago: float = 10.0, stale_after: float = 300.0, took: float | None = None,
-        exit_code: int | None = None, owner: str = "vm:42", interrupted: int = 0) -> RunRow:
-    """A once_runs row of the daily job's period `key` (KEY or KEY#i)."""
+        exit_code: int | None = None, owner: str = "vm:42", interrupted: int = 0,
+        started_ago: float | None = None) -> RunRow:
+    """A once_runs row of the daily job's period `key` (KEY or KEY#i), its attempt started a
+    minute after the period's end, or started_ago seconds before NOW."""
     period = SCHED.containing(datetime.fromisoformat(key.partition("#")[0])
                               .replace(tzinfo=UTC))
-    started = period.end + timedelta(minutes=1)
+    started = (period.end + timedelta(minutes=1) if started_ago is None
+               else NOW - timedelta(seconds=started_ago))
     finished = None if took is None else started + timedelta(seconds=took)
     return RunRow(job, key, status, attempt, attempt, owner, period.start, period.end,
                   started, NOW - timedelta(seconds=beat_ago), finished, exit_code,

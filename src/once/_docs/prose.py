@@ -142,8 +142,10 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
                 "2",
                 "A due period is missing or failed, or a period has failed with no attempts "
                 "left, or a <JOB> named has never run. A period <P> of a job with lag <L> is "
-                "due once the end of period <P>+<L> plus `--grace` has passed; a due period "
-                "still held by a live attempt is overrun (a hung or slow run).",
+                "due once the end of period <P>+<L> plus `--grace` has passed; a live attempt "
+                "of a due period that has run longer than the period lasts, plus `--grace`, is "
+                "overrun (a hung or slow run; a rerun or a catch-up of an old period is not, "
+                "as it starts).",
             ),
             (
                 "3",

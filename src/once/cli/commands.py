@@ -385,8 +385,8 @@ def logs(job: str, db: str | None, db_password_file: str | None, namespace: str 
 def check(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
           namespace: str | None, grace: float, as_json: bool) -> int:
     """Audit the ledger for monitoring: exit 0 all due periods done, 1 a stale heartbeat,
-    2 a due period missing, failed or still held by a live attempt (overrun), a period
-    failed with no attempts left, or a JOB named that has never run, 3 (UNKNOWN) no job in
+    2 a due period missing, failed or held by a live attempt that has run longer than the
+    period lasts, plus --grace (overrun), a period failed with no attempts left, or a JOB named that has never run, 3 (UNKNOWN) no job in
     the ledger at all (the wrong ledger?) or a PostgreSQL standby lagging past --grace.
 
     Each finding is one line on stdout, `SEVERITY JOB PERIOD PROBLEM (DETAILS)`, most severe

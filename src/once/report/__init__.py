@@ -16,6 +16,9 @@ What the reports call a job's periods, for a job with lag L and a check with --g
 * missing: a due period, from the first one on, with no done row, no failed row and no live
   attempt: no row at all, or a running row whose heartbeat is older than the job's
   --stale-after (by the database's clock);
+* overrun: a running row of a due period, its heartbeat fresh, whose attempt has run longer
+  than the period lasts, plus G (by the attempt's own start: a rerun or a catch-up of an old
+  period is none as it starts);
 * failed: a failed row; failed-out: a failed row with no attempts left (its attempt has reached
   the --max-attempts of the job's latest run).
 

@@ -35,7 +35,8 @@ class RunningAttempt(Attempt):
                      "owner counts as dead and the period's next claim may take it over"]
     stale_after_s: Annotated[int, "the owner's `--stale-after`, as kept in the row"]
     due: Annotated[bool, "its period is due (past its end, the lag and `--grace`)"]
-    overrun: Annotated[bool, "a live attempt that holds a due period: a hung or slow run"]
+    overrun: Annotated[bool, "a live attempt of a due period that has run longer than the "
+                       "period lasts: a hung or slow run"]
     running_s: Annotated[float, "how long it has run"]
 
 

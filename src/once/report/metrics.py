@@ -34,7 +34,7 @@ METRICS = [
     ("once_running_attempts", "gauge", "Running attempts with a fresh heartbeat."),
     ("once_stale_attempts", "gauge", "Running attempts whose heartbeat is stale."),
     ("once_overrun_attempts", "gauge",
-     "Live attempts that still hold a due period (past its end and --grace): hung runs."),
+     "Live attempts of a due period that have run longer than the period lasts: hung runs."),
     ("once_oldest_running_seconds", "gauge",
      "How long the job's oldest running attempt has run (0 when none runs)."),
 ]

@@ -61,6 +61,7 @@ class JobState(JobRow):
     no_row_last: Unit | None = None
     no_row_at_least: bool = False  # no_row is a lower bound (a cron job's huge gap)
     detailed: bool = False  # its latest done row, failures' lines, missing keys are read
+    grace: float = 0.0  # once check --grace (seconds): also an attempt's leeway (overruns)
     # The last line of output of the failed rows listed (by period; None: nothing stored).
     failure_lines: dict[str, str | None] = field(default_factory=dict)
 
@@ -107,9 +108,16 @@ class JobState(JobRow):
         return row.status == "running" and self.heartbeat_age(row) > row.stale_after
 
     def overruns(self, row: RunRow) -> bool:
-        """A live attempt still holds a due period (past its end and --grace): a hung or
-        slow run, which no heartbeat makes right."""
-        return row.status == "running" and not self.is_stale(row) and self.due(row)
+        """A live attempt of a due period has run longer than the period lasts, plus --grace:
+        a hung or slow run, which no heartbeat makes right. The attempt's own time decides,
+        not the period's age: a rerun or a catch-up of an old period starts on time."""
+        return (row.status == "running" and not self.is_stale(row) and self.due(row)
+                and self.running_for(row) > self.overrun_after(row))
+
+    def overrun_after(self, row: RunRow) -> float:
+        """How long an attempt may run before it overruns: its period's length (a day of
+        summer time's end, 25 hours; a cron period, to the next fire) plus --grace."""
+        return (row.period_end - row.period_start).total_seconds() + self.grace
 
     def running_for(self, row: RunRow) -> float:
         return (self.now - row.started_at).total_seconds()

@@ -114,7 +114,7 @@ def _plan(row: JobRow, now: datetime, grace: float, plans: dict[Any, Any]) -> Jo
     one schedule (and lag, and first period) share is worked out once, in plans."""
     state = JobState(row.job, row.kind, row.schedule, row.tz, row.lag, row.max_attempts,
                      float(row.stale_after), row.fires, from_db_time(row.first_period_start),
-                     max(1, int(row.shards or 1)), bool(row.no_overlap), now)
+                     max(1, int(row.shards or 1)), bool(row.no_overlap), now, grace=grace)
     key = (row.kind, row.schedule, row.tz, row.lag)
     try:
         if key not in plans:
