@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from once import limits
+from once import limits, secrets
 from once.deadlines import statement_timeout
 from once.ledger import Claim, Job, Ledger, LedgerError, open_ledger, parse_url, unnamed_url
 from once.outcomes import Status
@@ -107,6 +107,8 @@ def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: st
     the_job, period, owner = _checked(job, every, cron, tz, db, lag, stale_after, max_attempts,
                                       namespace, max_clock_skew, now)
     name = the_job.name
+    if db:  # every message after this (a LedgerError's) is scrubbed of its password
+        secrets.remember_url(db)
     ledger = open_ledger(parse_url(db or unnamed_url(NAME_IT)),
                          timeout=statement_timeout(stale_after))
     claimer = os.getpid()

@@ -1,13 +1,17 @@
 """once's own lines on stderr: `once: ...`, escaped to one line of printable text, or with
---log-format json one JSON object a line. Every command says what it has to say through say().
+--log-format json one JSON object a line. Every command says what it has to say through say(),
+scrubbed of the ledger's secrets (once.secrets).
 
-Standard library only (and once.escape): `once run`, the hot path, says its lines here too.
+Standard library only (and once.escape, once.secrets): `once run`, the hot path, says its
+lines here too.
 """
 
 from __future__ import annotations
 
 import sys
 from typing import Protocol
+
+from once.secrets import scrub, scrub_json
 
 QUIET, NORMAL, VERBOSE = 0, 1, 2  # -q, the default, -v
 ERROR = QUIET  # a message at this level is shown even with -q: "log only errors"
@@ -34,7 +38,7 @@ def say(message: str, settings: Voice | None = None, level: int = NORMAL,
     if settings is None or settings.log_format != "json":
         from once.escape import shown  # an owner or a reason may hold control characters
 
-        print(f"once: {shown(message)}", file=sys.stderr, flush=True)
+        print(scrub(f"once: {shown(message)}"), file=sys.stderr, flush=True)
         return
     import json
     from datetime import UTC, datetime
@@ -42,4 +46,4 @@ def say(message: str, settings: Voice | None = None, level: int = NORMAL,
     record = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"),
               "level": json_level or _JSON_LEVELS.get(level, "info"), "event": event,
               **settings.context, "owner": settings.owner, "message": message}
-    print(json.dumps(record), file=sys.stderr, flush=True)
+    print(scrub_json(json.dumps(record)), file=sys.stderr, flush=True)

@@ -20,7 +20,7 @@ MAX_LINES = 500
 
 # Modules that hold no rule of the tool: what they may import is not a layering question.
 LEAVES = {"once.limits", "once.escape", "once.outcomes", "once.deadlines", "once.frozen",
-          "once.messages"}
+          "once.messages", "once.secrets"}
 DRIVERS = {"sqlite3", "psycopg", "pymysql"}
 # What a report or once serve may take from SQLAlchemy outside once.ledger: connections and
 # their errors, never a statement builder (select, insert, text, func...).

@@ -8,6 +8,7 @@ import click
 from once.cli.main import DURATION, SIZE, cli, first_use, ledger_options, open_target
 from once.escape import shown
 from once.messages import say
+from once.secrets import scrub, scrub_json
 
 # -- once schema -----------------------------------------------------------------------------
 
@@ -24,7 +25,7 @@ def schema(db: str | None, db_password_file: str | None, namespace: str | None,
     target = open_target(db, db_password_file, anywhere=sql)  # --sql touches no ledger
     if sql:
         for statement in ledger_schema.ddl(target.dialect):
-            click.echo(statement + ";\n")
+            click.echo(scrub(statement + ";\n"))
         return
     first_use(target)
     ledger_schema.ensure(target)
@@ -58,13 +59,13 @@ def prune(db: str | None, db_password_file: str | None, namespace: str | None,
     target = open_target(db, db_password_file)
     pruned = pruning.prune(target, older_than, report.oldest_gaps, dry_run)
     if pruned.no_tables:
-        click.echo(f"once: no ledger tables in {target.redacted} (nothing has run there): "
-                   f"nothing to prune", err=True)
+        say(f"no ledger tables in {target.redacted} (nothing has run there): nothing to "
+            f"prune")
     verb = "would delete" if dry_run else "deleted"
-    click.echo(f"{verb} {pruned.runs} done rows and {pruned.attempts} attempts")
+    click.echo(scrub(f"{verb} {pruned.runs} done rows and {pruned.attempts} attempts"))
     for job, last in pruned.idle_jobs:
-        click.echo(f"idle job {shown(job)}: last fired {last:%Y-%m-%d %H:%M} UTC (renamed or "
-                   f"retired?)")
+        click.echo(scrub(f"idle job {shown(job)}: last fired {last:%Y-%m-%d %H:%M} UTC "
+                         f"(renamed or retired?)"))
     return 0
 
 
@@ -86,5 +87,6 @@ def doctor(db: str | None, db_password_file: str | None, namespace: str | None,
 
     target = open_target(db, db_password_file)
     verdicts = judging.judge(target.dialect, server_facts(target), output_tail)
-    click.echo(judging.render(verdicts, as_json))
+    shown_verdicts = judging.render(verdicts, as_json)
+    click.echo(scrub_json(shown_verdicts) if as_json else scrub(shown_verdicts))
     return judging.worst(verdicts)

@@ -385,7 +385,7 @@ def open_target(db: str | None, password_file: str | None, anywhere: bool = Fals
         db = limits.read_secret(url_file, "ONCE_DATABASE_URL_FILE").strip()
         if not db:
             raise InputError(f"ONCE_DATABASE_URL_FILE {url_file} holds no URL")
-    if db:  # before anything can fail: every message after this is scrubbed of its secrets
+    if db:  # before anything can fail: every later message is scrubbed of its secrets
         secrets.remember_url(db)
     password = None
     if password_file:
@@ -434,19 +434,11 @@ def first_use(target: Target, quiet: bool = False, log_format: str = "text") -> 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Run the CLI; turn every error into one `once:` line and its documented status.
-    Every text it shows is scrubbed of the ledger's secrets (once.secrets), which a command
-    run in its caller's process (argv given) forgets when it ends."""
+    What it shows is scrubbed of the ledger's secrets (once.secrets)."""
     from once import secrets
 
-    if argv is None:  # the `once` script: a crash's traceback is scrubbed too
-        secrets.guard_tracebacks()
-    else:
-        secrets.forget()
-    try:
+    with secrets.kept(for_the_process=argv is None):
         status = _status(argv)
-    finally:
-        if argv is not None:
-            secrets.forget()
     code = status if isinstance(status, int) else 0
     if argv is None:  # the `once` script, not a caller in its own process
         _end_past_threads(code)

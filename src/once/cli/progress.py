@@ -17,6 +17,7 @@ from once.escape import shown
 from once.periods import Period
 from once.run.backfill import Progress, span
 from once.run.flow import Result
+from once.secrets import scrub
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -40,7 +41,7 @@ class BarProgress(Progress):
         from rich.table import Table
         from rich.text import Text
 
-        label = Text(shown(f"once: {self.job} {period.key}"), style="bold")
+        label = Text(scrub(shown(f"once: {self.job} {period.key}")), style="bold")
         count = f"{self.tried + 1}/{self.total}"
         eta = self.eta()
         when = (f"{span(time.monotonic() - self.began)}, ETA {span(eta)}" if eta is not None
@@ -62,7 +63,7 @@ class BarProgress(Progress):
         if result.outcome == "done":
             return  # the next period's bar counts it
         style = "dim" if result.ok else "bold red"
-        self.console.print(Text(shown(f"once: {self.line(period, result, seconds)}"),
+        self.console.print(Text(scrub(shown(f"once: {self.line(period, result, seconds)}")),
                                 style=style))
 
     def stop(self) -> None:
@@ -72,4 +73,4 @@ class BarProgress(Progress):
             return
         text = self.summary()
         style = "bold green" if text.startswith("caught up") else "bold red"
-        self.console.print(Text(shown(f"once: {text}"), style=style))
+        self.console.print(Text(scrub(shown(f"once: {text}")), style=style))

@@ -238,8 +238,12 @@ def skew_refusal(params: Params, db_minus_host: float) -> ClockSkew:
 
 
 def describe(exc: BaseException) -> str:
-    """The first line of an error, for a one-line `once:` message."""
-    text = str(exc).strip().splitlines()
+    """The first line of an error, for a one-line `once:` message: scrubbed where the
+    driver's text enters (once.secrets), since a driver may quote the password (psycopg's
+    `invalid percent-encoded token: "…"`) and the Python API raises this text as it is."""
+    from once.secrets import scrub
+
+    text = scrub(str(exc)).strip().splitlines()
     return text[0] if text else type(exc).__name__
 
 

@@ -117,14 +117,37 @@ def create_private(target: Target) -> bool:
 
 
 def parse_url(url: str, password: str | None = None) -> Target:
-    """Read a SQLAlchemy-style URL; `password` (from --db-password-file) overrides the URL's."""
+    """Read a SQLAlchemy-style URL; `password` (from --db-password-file) overrides the URL's.
+    Its refusal is scrubbed of the URL's secrets (once.secrets), for the Python API, which
+    raises it as it is; remembering them for every later message is the caller's (the
+    command line's open_target, once.claim), as a pure function remembers nothing."""
+    try:
+        return _parse_url(url, password)
+    except UrlError as exc:
+        from once import secrets
+
+        exc.args = (secrets.scrub(str(exc), secrets.forms(url, password)),)
+        raise
+
+
+# Where a URL is no URL at all, nothing in it can be told from a password: it is not shown.
+_NOT_SHOWN = "not shown, as it may hold a password"
+
+
+def _parse_url(url: str, password: str | None) -> Target:
+    from once import secrets
+
     scheme = url.partition("://")[0].lower()
     base = scheme.split("+")[0]
     if not url.isprintable():  # a control character, or bytes that are not UTF-8
-        raise UrlError(f"bad --db URL {redact(url)!r}: it holds a control character or "
-                       f"bytes that are not UTF-8")
+        raise UrlError(f"bad --db URL: it holds a control character or bytes that are not "
+                       f"UTF-8 ({_NOT_SHOWN})")
     if "://" not in url:
-        raise UrlError(f"bad --db URL '{url}': expected sqlite:///PATH, postgresql://… or mysql://…")
+        raise UrlError(f"bad --db URL: expected sqlite:///PATH, postgresql://… or mysql://… "
+                       f"(it has no '://'; {_NOT_SHOWN})")
+    if not secrets.is_scheme(scheme):
+        raise UrlError(f"bad --db URL: expected sqlite:///PATH, postgresql://… or mysql://… "
+                       f"(what comes before '://' is no scheme; {_NOT_SHOWN})")
     from once.ledger.dialects import by_scheme, spoken  # it imports this module
 
     backend = by_scheme(base)
@@ -153,9 +176,12 @@ def _check_port(hostinfo: str, url: str) -> None:
     if ":" not in hostinfo:
         return
     port = hostinfo.rpartition(":")[2]
-    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
-        raise UrlError(f"bad port {port!r} in --db URL {redact(url)}: give a number from 1 "
-                       f"to 65535")
+    number = port.isascii() and port.isdigit()
+    if not (number and 1 <= int(port) <= 65535):
+        # Not a number: it may be the start of a password with a raw / ? or # in it.
+        shown = repr(port) if number or not port else "(not a number)"
+        raise UrlError(f"bad port {shown} in --db URL {redact(url)}: give a number from 1 "
+                       f"to 65535 (percent-encode a password's / ? # @ or :)")
 
 
 def redact(url: str) -> str:
@@ -185,21 +211,27 @@ _QUERY_SECRET = r"([?&](?:password|passwd|sslpassword)=)[^&#]*"
 def sqlite_target(url: str) -> Target:
     path = url.partition("://")[2]
     if not path.startswith("/"):
-        raise UrlError(f"bad SQLite URL '{url}': write sqlite:///relative/path or sqlite:////abs")
+        raise UrlError(f"bad SQLite URL '{redact(url)}': write sqlite:///relative/path or "
+                       f"sqlite:////abs")
     path = path[1:].partition("?")[0]
     if "%" in path:  # else unquote would hand it back as it is
         from urllib.parse import unquote
 
         path = unquote(path)
     if not path:
-        raise UrlError(f"bad SQLite URL '{url}': no file named")
+        raise UrlError(f"bad SQLite URL '{redact(url)}': no file named")
     return Target("sqlite", url, url, path=path)
 
 
 def postgres_target(url: str, password: str | None) -> Target:
     # libpq reads the URL itself (host=/socket, sslmode=…, a host list and friends keep
     # working); only the SQLAlchemy driver suffix has to go.
+    from urllib.parse import urlsplit
+
     _check_one_host_list(url)
+    if urlsplit(url).netloc.count("@") > 1:  # libpq ends the user part at the first @
+        raise UrlError(f"a raw '@' in the user part of --db URL {redact(url)}: libpq would "
+                       f"read what follows it as the host; percent-encode it (%40)")
     conninfo = "postgresql://" + url.partition("://")[2]
     args: dict[str, Any] = {"conninfo": conninfo}
     if password is not None:

@@ -29,6 +29,7 @@ from once.report.render import (
 )
 from once.report.snapshot import NoLedger, reading, surveying
 from once.report.survey import survey_jobs, timelines
+from once.secrets import scrub
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -97,7 +98,8 @@ def status(target: Target, jobs_named: Sequence[str], namespace: str | None,
     unknown = sorted(set(names) - {s.name for s in states})
     if as_json:
         write_line(json.dumps(status_objects(states, drawings if timeline else None,
-                                             target.redacted, standby), indent=2))
+                                             target.redacted, standby), indent=2),
+                   as_json=True)
     elif timeline:
         from once.report import timeline as draw
 
@@ -133,7 +135,7 @@ def check(target: Target, jobs_named: Sequence[str], namespace: str | None, grac
     worst = max((f.severity for f in found), default=OK)
     if as_json:
         write_line(json.dumps([{**f.as_dict(), "ledger": target.redacted} for f in found],
-                              indent=2))
+                              indent=2), as_json=True)
     elif found:
         for f in found:
             write_line(f.line)
@@ -157,7 +159,7 @@ def history(target: Target, stored_job: str, limit: int, as_json: bool,
         say(f"unknown job {stored_job!r}: no run of it in the ledger {target.redacted}")
         return 2
     if as_json:
-        write_line(json.dumps(entries, indent=2))
+        write_line(json.dumps(entries, indent=2), as_json=True)
     else:
         render_history(stored_job, tz, entries)
     return 0
@@ -171,7 +173,7 @@ def fleet_history(target: Target, namespace: str | None, limit: int, as_json: bo
     except NoLedger:
         entries = []
     if as_json:
-        write_line(json.dumps(entries, indent=2))
+        write_line(json.dumps(entries, indent=2), as_json=True)
     elif entries:
         render_fleet_history(entries)
     else:
@@ -188,7 +190,7 @@ def metrics(target: Target, namespace: str | None) -> int:
             text = metrics_text(conn, states)
     except NoLedger:
         text = exposition([], {})
-    sys.stdout.write(text)
+    sys.stdout.write(scrub(text))
     return 0
 
 

@@ -23,6 +23,7 @@ from sqlalchemy import Connection
 from once import report
 from once.escape import shown, shown_lines
 from once.ledger import Target, engines, history
+from once.secrets import scrub
 
 
 def logs(target: Target, stored_job: str, period: str | None = None,
@@ -46,7 +47,7 @@ def logs(target: Target, stored_job: str, period: str | None = None,
         report.say(f"job {stored_job} has no {which}{where}")
         return 2
     if as_json:
-        report.write_line(json.dumps({**entry, "output": output}, indent=2))
+        report.write_line(json.dumps({**entry, "output": output}, indent=2), as_json=True)
         return 0
     report.write_line(header(entry))
     sys.stdout.flush()
@@ -54,7 +55,7 @@ def logs(target: Target, stored_job: str, period: str | None = None,
         report.say(_nothing(entry))
     elif output:
         body = shown_lines(output)
-        sys.stdout.write(body if body.endswith("\n") else body + "\n")
+        sys.stdout.write(scrub(body if body.endswith("\n") else body + "\n"))
     return 0
 
 

@@ -18,14 +18,17 @@ from once.ledger import Target
 from once.ledger.fleet import Standby
 from once.periods import Period, iso
 from once.report.model import LIST_LIMIT, JobState, rounded
+from once.secrets import scrub, scrub_json
 
 
 def tty() -> bool:
     return sys.stdout.isatty()
 
 
-def write_line(text: str) -> None:
-    sys.stdout.write(text + "\n")
+def write_line(text: str, as_json: bool = False) -> None:
+    """A report's text on stdout, scrubbed of the ledger's secrets (as_json: only inside
+    the JSON document's strings, which stays JSON)."""
+    sys.stdout.write((scrub_json(text) if as_json else scrub(text)) + "\n")
 
 
 def age(seconds: float) -> str:
@@ -270,7 +273,7 @@ def status_word(entry: dict[str, Any]) -> str:
 
 def plain_table(headers: Sequence[str], rows: Sequence[Sequence[Cell]]) -> str:
     """Columns aligned with spaces: no colour, no box drawing, one line a row."""
-    table = [list(headers), *[[shown(text) for text, _ in row] for row in rows]]
+    table = [list(headers), *[[scrub(shown(text)) for text, _ in row] for row in rows]]
     widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
                      .rstrip() for row in table)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from once.escape import shown
 from once.report.model import JobState
 from once.report.render import STATUS_HEADERS, Cell, status_cells
+from once.secrets import scrub
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,7 +42,7 @@ def status_table(states: Sequence[JobState], now: datetime, caption: str,
                           [status_cells(s, now, compact=True) for s in states], DROP_ORDER,
                           job_column=0, wide=wide)
     console = Console(highlight=False)
-    console.print(Text(shown(caption), overflow="fold"))
+    console.print(Text(scrub(shown(caption)), overflow="fold"))
     if hidden:
         console.print(Text(f"hidden at this width: {', '.join(hidden)} (--wide shows them)"))
 
@@ -100,7 +101,7 @@ def _width(console: Console, headers: Sequence[str], rows: Sequence[Sequence[Cel
                                     [[row[i] for i in others] for row in rows],
                                     job_column=_moved(job_column, others)))
     if cut is not None and cut in kept:
-        need = max([len(headers[cut]), *(len(shown(row[cut][0])) for row in rows)])
+        need = max([len(headers[cut]), *(len(scrub(shown(row[cut][0]))) for row in rows)])
         width += 2 + min(need, CUT_ROOM)
     return width
 
@@ -134,11 +135,11 @@ def build(headers: Sequence[str], rows: Sequence[Sequence[Cell]], caption: str =
     from rich.table import Table
     from rich.text import Text
 
-    cells = [[shown(text) for text, _ in row] for row in rows]
+    cells = [[scrub(shown(text)) for text, _ in row] for row in rows]  # once.secrets
     # Text objects, never strings: rich would read a job named `x[/]y` or `[link=…]` as markup.
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True,
-                  title=Text(shown(title)) if title else None,
-                  caption=Text(shown(caption)) if caption else None,
+                  title=Text(scrub(shown(title))) if title else None,
+                  caption=Text(scrub(shown(caption))) if caption else None,
                   header_style="bold", title_justify="left", caption_justify="left")
     for number, header in enumerate(headers):
         if number == cut and console is not None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from once.escape import shown
 from once.periods import Period, Schedule
+from once.secrets import scrub
 from once.units import DAYS, GRID, HOURS
 
 if TYPE_CHECKING:
@@ -60,11 +61,11 @@ def render(jobs: Sequence[tuple[JobState, list[tuple[Period, str]]]], tty: bool)
         for line in lines:
             text = Text()
             for chunk, style in line:
-                text.append(shown(chunk), style=style or None)
+                text.append(scrub(shown(chunk)), style=style or None)
             console.print(text, soft_wrap=True)
     else:
         for line in lines:
-            sys.stdout.write("".join(shown(chunk) for chunk, _ in line).rstrip() + "\n")
+            sys.stdout.write(scrub("".join(shown(chunk) for chunk, _ in line)).rstrip() + "\n")
 
 
 def draw(s: JobState, cells: list[tuple[Period, str]], tty: bool) -> list[Line]:
