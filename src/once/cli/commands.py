@@ -35,6 +35,7 @@ from once.cli.main import (
 )
 from once.escape import shown
 from once.messages import say
+from once.secrets import scrub, scrub_json
 
 
 @cli.command(context_settings={"allow_interspersed_args": False})
@@ -95,7 +96,7 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
             raise click.UsageError(str(exc)) from None
         if dry_run:
             for period in todo:
-                click.echo(f"{period.key} {iso(period.start)} {iso(period.end)}")
+                click.echo(scrub(f"{period.key} {iso(period.start)} {iso(period.end)}"))
             return 0
         settings = flow.Settings(kill_after=grace, timeout=timeout,
                                  verbosity=verbosity(verbose, quiet), log_format=log_format,
@@ -203,10 +204,10 @@ def periods(every: str | None, cron: str | None, tz: str, start: str, end: str,
     if as_json:
         import json
 
-        click.echo(json.dumps(found, indent=2))
+        click.echo(scrub_json(json.dumps(found, indent=2)))
     else:
         for p in found:
-            click.echo(f"{p['key']} {p['start']} {p['end']}")
+            click.echo(scrub(f"{p['key']} {p['start']} {p['end']}"))
 
 
 # -- once state -----------------------------------------------------------------------------
@@ -251,7 +252,7 @@ def state(job: str, db: str | None, db_password_file: str | None, namespace: str
             if current is not None:
                 # As stored in a pipe (a script's data); escaped on a terminal, which would
                 # obey an escape sequence in it.
-                click.echo(shown(current) if sys.stdout.isatty() else current)
+                click.echo(scrub(shown(current) if sys.stdout.isatty() else current))
             return 0
         if known or seed is None:  # a job that ran keeps the schedule it ran with
             version = ledger.set_state(name, value, owner)
