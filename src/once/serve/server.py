@@ -21,8 +21,8 @@ import sys
 import threading
 import time
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
+from once import secrets
 from once.ledger import Target
 from once.messages import say
 from once.serve.handler import Handler, Serving
@@ -81,10 +81,9 @@ class Server(Serving):
                 return
 
     def scrub(self, text: str) -> str:
-        """An error message without any of the ledger's secrets in it."""
-        for secret in self.secrets:
-            text = text.replace(secret, "***")
-        return text
+        """An error message without any of the ledger's secrets in it: once.secrets's one
+        scrubber, with this server's own (a command run later in its process forgets its)."""
+        return secrets.scrub(text, self.secrets)
 
 
 def _refuse_busy(request: socket.socket) -> None:
@@ -98,15 +97,9 @@ def _refuse_busy(request: socket.socket) -> None:
         pass
 
 
-def _secrets(target: Target) -> list[str]:
-    """The ledger's password, wherever the URL or --db-password-file put it."""
-    from urllib.parse import parse_qsl
-
-    found = [str(target.connect_args.get("password") or "")]
-    parts = urlsplit(target.url)
-    found.append(unquote(parts.password or ""))
-    found += [v for k, v in parse_qsl(parts.query) if k == "password"]
-    return sorted({s for s in found if len(s) >= 3}, key=len, reverse=True)
+def _secrets(target: Target) -> tuple[str, ...]:
+    """The ledger's password, wherever the URL or --db-password-file put it, in every form."""
+    return secrets.forms(target.url, str(target.connect_args.get("password") or ""))
 
 
 # -- running it ------------------------------------------------------------------------------
