@@ -7,6 +7,11 @@ For jobs written in Python (see once.api):
     with once.claim("nightly", every="day", tz="Europe/Berlin") as run:
         if run.won:
             ...
+
+and for a scheduler that must run on one process of many (once.lead):
+
+    with once.lead("scheduler", db="postgresql://app@db/ops") as leader:
+        ...  # run it until leader.lost is set
 """
 
 from __future__ import annotations
@@ -15,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["FencedOut", "InputError", "Run", "__version__", "claim"]
+__all__ = ["FencedOut", "InputError", "Leader", "Run", "__version__", "claim", "lead"]
 
 if TYPE_CHECKING:
-    from once.api import FencedOut, Run, claim
+    from once.api import FencedOut, Leader, Run, claim, lead
     from once.limits import InputError
 
 
@@ -28,7 +33,7 @@ def __getattr__(name: str) -> Any:
         from once.limits import InputError
 
         return InputError
-    if name in ("claim", "Run", "FencedOut"):
+    if name in ("claim", "Run", "FencedOut", "lead", "Leader"):
         from once import api
 
         return getattr(api, name)

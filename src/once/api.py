@@ -221,3 +221,87 @@ def _finish(run: Run, ledger: Ledger, job: Job, won: Claim, status: Status,
                           f"the period will be retried once its claim goes stale")
     if not recorded:
         raise FencedOut(f"{run.job} {run.period.key}: the final write matched no row")
+
+
+# -- once.lead: one leader per name, for a scheduler inside a Python process ---------------------
+
+
+@dataclass
+class Leader:
+    """This process's term as the leader of `name` (once.lead)."""
+
+    name: str
+    term: int  # the fencing token: larger than every term of this name before it
+    lost: threading.Event = field(repr=False)  # set by the deadline: stop scheduling now
+    _lease: Lease | None = field(default=None, repr=False)
+
+    def check(self) -> None:
+        """Raise FencedOut when the lease has been lost: call it before each side effect (and
+        pass `term` to what you write, so that a paused leader's late writes are refused)."""
+        if self.lost.is_set() or (self._lease is not None
+                                  and (self._lease.lost or self._lease.expired)):
+            self.lost.set()
+            raise FencedOut(f"{self.name}: term {self.term} lost its lease")
+
+
+@contextmanager
+def lead(name: str, *, db: str | None = None, lease: float = 15.0,
+         stop_within: float | None = None, namespace: str | None = None) -> Iterator[Leader]:
+    """Block until this process leads `name` on the ledger (as `once lead` would), then hold
+    the lease for the duration of the block; leaving it releases the lease.
+
+    The lease is renewed every third of `lease` from a thread of its own; `leader.lost` is set
+    `stop_within` seconds (default: a third of the lease, at most 10) before the deadline of
+    the last renewal sent, when renewals fail or another holder took the lease: by then every
+    job the block scheduled must have stopped. A thread cannot be killed: where that cannot be
+    promised, run the scheduler under `once lead` instead (docs: One leader for an in-process
+    scheduler). Raises ValueError for what `once lead` refuses with exit 2.
+    """
+    from once.run import lead as leading
+
+    stored = limits.stored_name(name, namespace)
+    limits.text("db", db, optional=True)
+    problem = leading.lease_problem(float(lease), stop_within)
+    if problem:
+        raise limits.InputError(problem.replace("--kill-after", "stop_within")
+                                .replace("--lease", "lease"))
+    owner = flow.default_owner()
+    ledger = open_ledger(parse_url(db or unnamed_url(NAME_IT)),
+                         timeout=statement_timeout(lease))
+    elector = leading.Elector(ledger, stored, lease, owner, leading.Voice(stored, owner, -1))
+    try:
+        won = elector.campaign()
+        assert won is not None  # nothing sets its stop: it waits until it leads
+        term, sent = won
+        held = elector.lease_for(term, sent)
+        leader = Leader(stored, term, threading.Event(), held)
+        with _heartbeat(held), _watch(held, leader.lost,
+                                      leading.kill_after_for(lease, stop_within)):
+            yield leader
+        if held.stranded:  # a renewal stuck in the driver holds the connection
+            ledger.abandon()
+        elector.release(term, "lost" if leader.lost.is_set() else "released")
+    finally:
+        ledger.close()
+
+
+@contextmanager
+def _watch(held: Lease, lost: threading.Event, stop_within: float) -> Iterator[None]:
+    """Set `lost` when the lease is lost, or `stop_within` before its deadline: a thread of
+    its own, as a renewal may be stuck in the driver."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not (held.lost or Lease.now() >= held.deadline - stop_within):
+            if done.wait(min(0.1, max(0.0, held.deadline - stop_within - Lease.now()))):
+                return
+        lost.set()
+
+    thread = threading.Thread(target=watch, daemon=True, name="once-lead-watch")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        with suppress(RuntimeError):
+            thread.join()

@@ -182,3 +182,63 @@ def test_settings_that_cannot_keep_the_promise_are_refused(
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and words in lines[0], result.stderr
+
+
+API_LEADER = """
+import sys, time, once
+with once.lead("scheduler", db=sys.argv[1], lease=3) as leader:
+    print(leader.term, flush=True)
+    while not leader.lost.wait(0.1):
+        pass
+    print("lost", flush=True)
+"""
+
+
+def test_the_python_api_leads_one_process_and_sets_lost(ledger_url: str,
+                                                        tmp_path: Path) -> None:
+    import sys
+
+    from once.ledger import open_ledger, parse_url
+    from once.ledger.leases import Leases
+
+    first = subprocess.Popen([sys.executable, "-c", API_LEADER, ledger_url],
+                             stdout=subprocess.PIPE, text=True)
+    second = None
+    try:
+        assert first.stdout is not None
+        assert first.stdout.readline().strip() == "1"
+        second = subprocess.Popen([sys.executable, "-c", API_LEADER, ledger_url],
+                                  stdout=subprocess.PIPE, text=True)
+        time.sleep(1.5)  # it stands as a candidate meanwhile
+        assert second.poll() is None
+        # Another holder takes the lease (as after an expiry): the leader's next renewal
+        # finds it gone, and `lost` is set well within the lease.
+        with open_ledger(parse_url(ledger_url)) as ledger:
+            leases = Leases(ledger)
+            stolen = time.monotonic()
+            assert leases.release("scheduler", _holder_of(ledger_url), 1)
+            won = leases.acquire("scheduler", "thief", "thief", 60.0)
+            assert won is not None and won[0] == 2
+        assert first.stdout.readline().strip() == "lost"
+        assert time.monotonic() - stolen < 3.0 + 2.0
+        assert first.wait(timeout=30) == 0
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+
+
+def _holder_of(ledger_url: str) -> str:
+    from once.ledger import parse_url
+    from once.ledger.dialects import of
+
+    target = parse_url(ledger_url)
+    backend = of(target)
+    conn = backend.report_connection(target)
+    try:
+        rows = backend.fetch(conn, "SELECT holder FROM once_leases WHERE name = %(n)s",
+                             {"n": "scheduler"})
+    finally:
+        conn.close()
+    return str(rows[0][0])

@@ -195,7 +195,7 @@ LAYERS = (
 )
 # Inside once.run: run and catch-up compose the parts that start and watch one command.
 RUN_LAYERS = (
-    ("once.run.flow", "once.run.backfill"),
+    ("once.run.flow", "once.run.backfill", "once.run.lead"),
     ("once.run.wrapper", "once.run.guard", "once.run.keeper", "once.run.lease", "once.run.relay",
      "once.run.child", "once.run.attempt", "once.run.notify"),
     ("once.run.machine",),  # the wrapper's rules: pure, below its shell
