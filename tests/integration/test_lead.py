@@ -242,3 +242,32 @@ def _holder_of(ledger_url: str) -> str:
     finally:
         conn.close()
     return str(rows[0][0])
+
+
+@pytest.mark.slow
+def test_a_leader_cut_off_from_its_ledger_is_stopped_by_its_deadline(
+        backend: object, ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    from silent_relay import SilentRelay, tcp_upstream
+
+    upstream = tcp_upstream(ledger_url)
+    if upstream is None:
+        pytest.skip("a ledger reached over TCP (SQLite and a socket have no network to cut)")
+    relay = SilentRelay(upstream)
+    log = tmp_path / "children.log"
+    leader = start_lead({**once_env, "ONCE_DATABASE_URL": relay.url_for(ledger_url)}, log)
+    procs = [leader]
+    try:
+        _, _, kid = leader_of(procs, log)
+        procs.append(start_lead(once_env, log))
+        time.sleep(1.5)  # a renewal or two through the relay
+        cut_at = time.monotonic()
+        relay.silent.set()
+        # Its last successful renewal was sent at most a third of the lease before the cut.
+        dead_by(kid, cut_at + LEASE)
+        _, _, new_kid = leader_of(procs, log, since=cut_at)
+        assert new_kid != kid
+        assert leader.wait(timeout=120) == 70
+    finally:
+        relay.close()
+        stop_all(procs)
+    judge(log)

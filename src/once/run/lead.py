@@ -213,6 +213,8 @@ def _lead_once(elector: Elector, command: Sequence[str], kill_after: float, term
     lease = elector.lease_for(term, sent)
     elector.say(f"{name}: leading, term {term}", "leading")
     outcome = wrapper.run(command, child_env(name, term), lease, kill_after, end_group=True)
+    if lease.stranded:  # a renewal stuck in the driver still holds the connection
+        elector.ledger.abandon()
     if outcome.interrupted_by is not None:
         elector.stop.set()  # the signal was forwarded to the command: this process stops too
     if outcome.kind == "fenced-out" or lease.lost:
