@@ -171,13 +171,13 @@ def families(exposition: str) -> dict[str, Any]:
     return {f.name: f.type for f in text_string_to_metric_families(exposition)}
 
 
-def sent(port: int, request: bytes, timeout: float = 30.0) -> Answer:
+def sent(port: int, request: bytes, timeout: float = 30.0, address: str = "127.0.0.1") -> Answer:
     """`request` sent as it is on a socket of its own (no client adds or fixes a header: the
     Host is exactly what the test wrote), the answer read until the server closes."""
     import socket
     from email.parser import BytesHeaderParser
 
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+    with socket.create_connection((address, port), timeout=timeout) as sock:
         sock.sendall(request)
         sock.shutdown(socket.SHUT_WR)
         answer = b""

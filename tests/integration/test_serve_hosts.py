@@ -124,6 +124,9 @@ def test_allow_host_names_a_service_or_a_domain(
     for host in ("evilsvc.example", "svc.example.evil", "corp.example", "x.dash.corp.example",
                  "once-serve.evil", "evil.example"):
         assert_refused(ask(server, host))
+    named = serve(env={**ledger, "ONCE_SERVE_ALLOW_HOST": "once-serve .svc.example"})
+    assert ask(named, "a.svc.example").status == ask(named, "once-serve:80").status == 200
+    assert_refused(ask(named, "evil.example"))
 
 
 def test_allow_host_star_answers_any_name_but_never_no_host(

@@ -5,6 +5,7 @@ tests/integration/test_serve_hosts.py."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -151,3 +152,27 @@ def test_a_refused_request_reads_nothing(counted: tuple[Server, list[str]]) -> N
     assert reads == []
     request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
     assert sent(port, request).status == 503 and reads == ["ping"]  # the count counts
+
+
+def test_on_every_interface_the_address_reached_is_served_on_a_real_socket(
+        counted: tuple[Server, list[str]], tmp_path: Path) -> None:
+    """--listen 0.0.0.0 as a pod has it, on a loopback address of its own (127.0.0.7) so that
+    nothing listens beyond this machine: the address the connection reached is served (a
+    kubelet probe's Host), another is not, nor is 0.0.0.0."""
+    reads = counted[1]
+    settings = ServeOptions(parse_url(f"sqlite:///{tmp_path}/ledger.db"), None, 0, 2.0, None,
+                            Hosts.of("0.0.0.0", ()))
+    httpd = Server(("127.0.0.7", 0), settings)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        port = httpd.server_address[1]
+        for host, status in ((f"127.0.0.7:{port}", 503), ("127.0.0.8", 421),
+                             (f"0.0.0.0:{port}", 421), ("localhost", 503)):
+            request = f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+            assert sent(port, request, address="127.0.0.7").status == status, host
+    finally:
+        httpd.shutdown()
+        thread.join()
+        httpd.server_close()
+    assert set(reads) == {"ping"}  # the two served (within a second: one shared read)

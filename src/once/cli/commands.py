@@ -424,7 +424,7 @@ def metrics(db: str | None, db_password_file: str | None, namespace: str | None)
 @click.option("--token-file", metavar="PATH", type=click.Path(dir_okay=False),
               help="Require the token in PATH (Authorization: Bearer TOKEN, or HTTP Basic "
                    "with it as password) for every page but /healthz.")
-@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
+@click.option("--allow-host", "allow_host", multiple=True, metavar="NAME",
               help="Also answer requests whose Host header names NAME, without a port (any "
                    "port): a Service's or an ingress's name; .example.com for it and every "
                    "name under it; '*' for any name, which lets a web page read the pages "
@@ -433,7 +433,7 @@ def metrics(db: str | None, db_password_file: str | None, namespace: str | None)
                    "any other name gets 421.")
 def serve(listen: str, db: str | None, db_password_file: str | None, namespace: str | None,
           refresh: float, read_timeout: float, token_file: str | None,
-          allow_hosts: tuple[str, ...]) -> int:
+          allow_host: tuple[str, ...]) -> int:
     """Serve the ledger read-only over HTTP: / (every job, problems first), /job/NAME,
     /metrics (as once metrics), /api/status (as once status --json; ?limit=N&offset=M for a
     page) and /healthz.
@@ -446,7 +446,7 @@ def serve(listen: str, db: str | None, db_password_file: str | None, namespace: 
 
     try:
         host, port = server.parse_listen(listen)
-        hosts = server.Hosts.of(host, allow_hosts)
+        hosts = server.Hosts.of(host, allow_host)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     token = _read_token(token_file) if token_file else None
