@@ -5,6 +5,7 @@ an old period is no overrun; a catch-up names a period a live owner holds."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -130,3 +131,30 @@ def test_a_fresh_rerun_or_catch_up_of_an_old_period_is_no_overrun(
         assert "overrun" not in check.stdout, check.stdout
     finally:
         _let_go(catching, tmp_path)
+
+
+def test_a_catch_up_names_the_period_a_live_owner_holds(
+        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    # The range's owner is SIGKILLed: its row is not stale yet, so the catch-up cannot take
+    # it; it must say so, not "caught up".
+    every = ["--job", "daily", "--every", "day"]
+    owner = start_once("run", *every, "--lag", "2", "--stale-after", "5m", "--", "sh", "-c",
+                       f"touch {tmp_path}/started; sleep 120", env=once_env)
+    wait_for(lambda: (tmp_path / "started").exists() or owner.poll() is not None,
+             timeout=60, what="the owner's command")
+    owner.send_signal(signal.SIGKILL)
+    reaped(owner, 30)
+    held = _days_ago(2)
+    caught = run_once("catchup", *every, "--since", _days_ago(5), "--until", _days_ago(1),
+                      "--", "true", env=once_env)
+    assert caught.returncode == 0, caught.stderr
+    lines = caught.stderr.splitlines()
+    assert f"once: daily {held}: held by a live owner" in lines, caught.stderr
+    summary = lines[-1]
+    assert not summary.startswith("once: caught up"), summary
+    assert summary.endswith(f": 4 done; 1 held by a live owner: {held}"), summary
+    assert query(ledger_url, "SELECT count(*) FROM once_runs WHERE status = 'done'") == [(4,)]
+    # --dry-run lists what would run: the held period is not among them.
+    dry = run_once("catchup", *every, "--since", _days_ago(5), "--until", _days_ago(1),
+                   "--dry-run", env=once_env)
+    assert dry.returncode == 0 and dry.stdout == "", dry.stdout

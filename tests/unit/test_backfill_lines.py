@@ -21,7 +21,7 @@ def test_each_result_has_its_words() -> None:
     assert progress.line(period, Result("done", 0), 0.5) == (
         "nightly 2026-11-05: done (exit 0, 0.5s)")
     assert progress.line(period, Result("skipped-held", 0), 0) == (
-        "nightly 2026-11-05: held by another owner")
+        "nightly 2026-11-05: held by a live owner")
     # A refused claim is no outage: the `once:` line before it names the cause.
     assert progress.line(period, Result("unreachable", 75), 0) == (
         "nightly 2026-11-05: ledger error (exit 75, 0.0s)")
@@ -34,3 +34,21 @@ def test_the_summary_counts_each_verb() -> None:
         ": 1 done, 1 ledger error; 1 not tried")
     assert _progress(*[Result("done", 0)] * 3).summary().startswith(
         "caught up 3 periods of nightly in ")
+
+
+def test_the_summary_names_the_periods_a_live_owner_held() -> None:
+    """Never "caught up" past a period left to its owner: it is named (issue 34, row 14)."""
+    day = every("day", "UTC")
+    progress = Progress(quiet=True)
+    progress.start("nightly", 5)
+    for key in ("2026-11-01", "2026-11-02", "2026-11-03", "2026-11-04"):
+        progress.count(Result("done", 0), 0.5, day.from_key(key))
+    progress.count(Result("skipped-held", 0), 0.0, day.from_key("2026-11-05"))
+    summary = progress.summary()
+    assert summary.startswith("catch-up of nightly: 5 of 5 periods in "), summary
+    assert summary.endswith(": 4 done; 1 held by a live owner: 2026-11-05"), summary
+    for n in range(6, 13):
+        progress.count(Result("skipped-held", 0), 0.0, day.from_key(f"2026-11-{n:02d}"))
+    assert progress.summary().endswith(
+        "; 8 held by a live owner: 2026-11-05, 2026-11-06, 2026-11-07, 2026-11-08, "
+        "2026-11-09, ..."), progress.summary()

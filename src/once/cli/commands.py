@@ -91,7 +91,8 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
         flow.refuse_future(last, "--until")
     with ledger_for(target, stale_after, quiet, log_format) as ledger:
         try:
-            todo = flow.missing_periods(ledger, the_job, sched, first, last, max_count)
+            todo = flow.missing_periods(ledger, the_job, sched, first, last, max_count,
+                                        held=not dry_run)
         except flow.NothingToResume as exc:
             raise click.UsageError(str(exc)) from None
         if dry_run:

@@ -59,7 +59,7 @@ class BarProgress(Progress):
     def result(self, period: Period, result: Result, seconds: float) -> None:
         from rich.text import Text
 
-        self.count(result, seconds)
+        self.count(result, seconds, period)
         if result.outcome == "done":
             return  # the next period's bar counts it
         style = "dim" if result.ok else "bold red"

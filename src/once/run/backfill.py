@@ -21,11 +21,14 @@ from once.run.flow import Result, Settings, run_shards
 # How a period's result is said in its line and counted in the summary.
 VERBS = {"done": "done", "failed": "failed", "timed-out": "timed out",
          "fenced-out": "fenced out", "skipped-done": "done already",
-         "skipped-held": "held by another owner", "skipped-failed": "failed out",
+         "skipped-held": "held by a live owner", "skipped-failed": "failed out",
          "skipped-overlap": "held back (--no-overlap)",
          # Result's word for a ledger that failed, reached or not: the `once:` line before
          # names which (a refusal is no outage).
          "unreachable": "ledger error"}
+
+
+HELD_LISTED = 5  # keys of held periods a summary names
 
 
 class Progress:
@@ -41,6 +44,7 @@ class Progress:
         self.counts: dict[str, int] = {}  # results so far, by verb
         self.seconds = 0.0  # spent in the periods so far
         self.began = time.monotonic()
+        self.held: list[str] = []  # the keys of the periods a live owner held
 
     @property
     def tried(self) -> int:
@@ -53,14 +57,16 @@ class Progress:
         pass
 
     def result(self, period: Period, result: Result, seconds: float) -> None:
-        self.count(result, seconds)
+        self.count(result, seconds, period)
         if not self.quiet:
             say(self.line(period, result, seconds), self.settings, NORMAL, "progress", "info")
 
-    def count(self, result: Result, seconds: float) -> None:
+    def count(self, result: Result, seconds: float, period: Period | None = None) -> None:
         verb = VERBS.get(result.outcome, result.outcome)
         self.counts[verb] = self.counts.get(verb, 0) + 1
         self.seconds += seconds
+        if result.outcome == "skipped-held" and period is not None:
+            self.held.append(period.key)
 
     def line(self, period: Period, result: Result, seconds: float) -> str:
         verb = VERBS.get(result.outcome, result.outcome)
@@ -75,16 +81,22 @@ class Progress:
         return self.seconds / self.tried * (self.total - self.tried)
 
     def summary(self) -> str:
-        """caught up 31 periods of JOB in 22s: 31 done; or, when one failed or it stopped,
-        catch-up of JOB: 9 of 31 periods in 7s: 8 done, 1 failed; 22 not tried."""
-        counts = ", ".join(f"{n} {verb}" for verb, n in self.counts.items())
+        """caught up 31 periods of JOB in 22s: 31 done; or, when one failed, it stopped or a
+        live owner held one, catch-up of JOB: 9 of 31 periods in 7s: 8 done, 1 failed; 22
+        not tried (; 1 held by a live owner: KEY)."""
+        held = VERBS["skipped-held"]
+        counts = ", ".join(f"{n} {verb}" for verb, n in self.counts.items() if verb != held)
         spent = span(time.monotonic() - self.began)
         plural = "" if self.total == 1 else "s"
         left = self.total - self.tried
         if not left and all(v in ("done", "done already") for v in self.counts):
             return f"caught up {self.total} period{plural} of {self.job} in {spent}: {counts}"
+        keys = ", ".join(self.held[:HELD_LISTED]) + (", ..." if len(self.held) > HELD_LISTED
+                                                     else "")
         return (f"catch-up of {self.job}: {self.tried} of {self.total} period{plural} in "
-                f"{spent}: {counts or 'none run'}" + (f"; {left} not tried" if left else ""))
+                f"{spent}: {counts or 'none run'}" + (f"; {left} not tried" if left else "")
+                + (f"; {self.counts[held]} {held}" if held in self.counts else "")
+                + (f": {keys}" if keys else ""))
 
     def stop(self) -> None:
         if self.quiet or not self.total:

@@ -150,7 +150,7 @@ def run_now(ledger: Ledger, job: Job, schedule: Schedule, period: Period,
     the same settings (--require-same-command refuses in either)."""
     if catchup:
         missed = missing_periods(ledger, job, schedule, schedule.shifted(period, -catchup),
-                                 schedule.previous(period), from_first=True)
+                                 schedule.previous(period), from_first=True, held=True)
         from once.run.backfill import catch_up  # only with --catchup
 
         status = catch_up(ledger, job, missed, command, settings)
@@ -408,11 +408,14 @@ class NothingToResume(ValueError):
 
 def missing_periods(ledger: Ledger, job: Job, schedule: Schedule, since: Period | None,
                     until: Period, limit: int | None = None,
-                    from_first: bool = False) -> list[Period]:
+                    from_first: bool = False, held: bool = False) -> list[Period]:
     """The periods in [since, until] that need a run (once.gaps.needs_run: a unit without a
     row, a stale running row, a failed row with attempts left), oldest first, at most limit:
     `once check`'s gap finder. since defaults to the job's first period (NothingToResume for a
-    job that has never run); from_first: never before it (`once run --catchup`)."""
+    job that has never run); from_first: never before it (`once run --catchup`). held: also
+    the periods a live owner holds (a running row not yet stale), beyond the limit, so that
+    a catch-up tries them and says so (its claim skips one whose owner lives, takes over
+    one gone stale meanwhile), never passes over them in silence."""
     import heapq
 
     from once import gaps  # not on the hot path of a plain `once run`
@@ -436,14 +439,20 @@ def missing_periods(ledger: Ledger, job: Job, schedule: Schedule, since: Period 
     finder = gaps.GapFinder(schedule, job.shards, stored,
                             [(r.start, r.key) for r in rows], latest)
     # Both streams are in order of period start; a period may come from both, or several times.
-    made_up = ((r.start, schedule.containing(r.start)) for r in rows
-               if gaps.needs_run(r, job.max_attempts))
-    rowless = ((utc_instant(period.start), period) for period, _ in finder.units(lo, hi))
+    made_up = ((r.start, schedule.containing(r.start), not gaps.needs_run(r, job.max_attempts))
+               for r in rows if gaps.needs_run(r, job.max_attempts)
+               or (held and r.status == "running"))
+    rowless = ((utc_instant(period.start), period, False) for period, _ in finder.units(lo, hi))
     found: list[Period] = []
-    for start, period in heapq.merge(made_up, rowless, key=lambda pair: pair[0]):
+    counted = 0  # periods that need a run: the limit's (one a live owner holds is tried too)
+    last_live = False
+    for start, period, live in heapq.merge(made_up, rowless, key=lambda item: item[0]):
         if found and utc_instant(found[-1].start) == start:
+            if last_live and not live:  # another shard of it needs a run
+                counted, last_live = counted + 1, False
             continue
-        if limit is not None and len(found) >= limit:
+        if limit is not None and counted >= limit:
             break
         found.append(period)
+        counted, last_live = counted + (not live), live
     return found
