@@ -236,3 +236,27 @@ def test_the_docs_site_opens_in_chromium(docs_site: str, tmp_path: Path, page: s
     for word in words:
         assert word in dom.stdout, (path, word)
     assert 'class="md-nav' in dom.stdout  # the theme's navigation was drawn
+
+
+def test_a_page_that_rebinds_its_name_to_the_server_reads_nothing(tmp_path: Path) -> None:
+    """DNS rebinding as a browser does it: Chromium resolves rebind.example to 127.0.0.1
+    (--host-resolver-rules stands for the attacker's DNS) and loads the output page there; its
+    Host names rebind.example, so it gets the 421 and none of the output, which the same page
+    under 127.0.0.1 shows."""
+    chromium()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCE_")}
+    env["ONCE_DATABASE_URL"] = f"sqlite:///{tmp_path}/ledger.db"
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    once(env, "run", "--job", "leaky", "--every", "day", "--max-attempts", "1", "--", "sh",
+         "-c", "echo API_TOKEN=tok-5e1f; exit 1")
+    server = Served("--refresh", "0", env=env)
+    try:
+        rebound = browse(f"http://rebind.example:{server.port}/logs/leaky", tmp_path,
+                         "--host-resolver-rules=MAP rebind.example 127.0.0.1", "--dump-dom")
+        local = browse(f"{server.url}/logs/leaky", tmp_path, "--dump-dom")
+    finally:
+        status, err = server.stop()
+    assert status == 0, err
+    assert "not served under the name" in rebound.stdout, rebound.stdout + rebound.stderr
+    assert "tok-5e1f" not in rebound.stdout and "leaky" not in rebound.stdout
+    assert "tok-5e1f" in local.stdout, local.stdout + local.stderr
