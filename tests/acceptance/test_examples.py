@@ -55,7 +55,7 @@ def once_invocations() -> list[tuple[str, list[str]]]:
     """Every `once …` command line written in the examples, split as the shell would."""
     found: list[tuple[str, list[str]]] = []
     for path in sorted(EXAMPLES.rglob("*")):
-        if not path.is_file() or path.name in ("Dockerfile", "cronjob.yaml", "serve.yaml"):
+        if not path.is_file() or path.name in ("Dockerfile", *MANIFESTS):
             continue
         for line in path.read_text().splitlines():
             line = line.split("#", 1)[0] if path.suffix != ".service" else line
@@ -65,9 +65,13 @@ def once_invocations() -> list[tuple[str, list[str]]]:
                     if word.endswith("once") and words[i + 1] in cli.commands:
                         found.append((f"{path.name}: {piece.strip()}", words[i + 1:]))
                         break
-    for name in ("cronjob.yaml", "serve.yaml"):
+    for name in MANIFESTS:
         found.append((name, k8s.command(EXAMPLES / "kubernetes" / name)[1:]))
     return found
+
+
+# Kubernetes manifests: their command is a YAML list, read by yaml_free_cronjob.
+MANIFESTS = ("cronjob.yaml", "serve.yaml", "leader.yaml")
 
 
 @pytest.mark.parametrize(("where", "args"), once_invocations(), ids=lambda v: str(v)[:60])
@@ -111,6 +115,33 @@ def test_the_serve_manifest_reads_the_cronjobs_ledger_secret() -> None:
     secret = "secretKeyRef:\n                  name: once-ledger\n                  key: url"
     assert "name: once-ledger" in cronjob and secret in serve
     assert "path: /healthz" in serve and "path: /metrics" in serve
+
+
+def test_every_leader_example_keeps_its_promise_and_has_time_to_stop() -> None:
+    """`once lead`'s settings fit (its own check, run before anything is sent), and the
+    supervisor waits longer than --kill-after after its SIGTERM: once forwards it, kills the
+    command --kill-after later, then releases the lease."""
+    from once.run.lead import kill_after_for, lease_problem
+
+    leads = [(where, args) for where, args in once_invocations() if args[0] == "lead"]
+    where_of = {where.split(":")[0] for where, _ in leads}
+    assert where_of >= {"leader.yaml", "scheduler.service", "compose.yaml"}, where_of
+    waits = {
+        "leader.yaml": r"terminationGracePeriodSeconds: (\d+)",
+        "scheduler.service": r"TimeoutStopSec=(\d+)",
+        "compose.yaml": r"stop_grace_period: (\d+)s",
+    }
+    for where, args in leads:
+        command = cli.commands["lead"]
+        with command.make_context("lead", list(args[1:])) as ctx:
+            lease = ctx.params["lease"]
+            kill_after = ctx.params["kill_after"]
+        assert lease_problem(lease, kill_after) == "", where
+        name = where.split(":")[0]
+        text = next(p for p in EXAMPLES.rglob(name)).read_text()
+        match = re.search(waits[name], text)
+        assert match, (where, "no stop timeout")
+        assert int(match.group(1)) >= kill_after_for(lease, kill_after) + 10, where
 
 
 # -- crontabs as cron runs them ----------------------------------------------------------------
