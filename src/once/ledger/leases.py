@@ -164,16 +164,17 @@ class Leases:
         SELECT holder, owner, term, expires_at, {now} FROM once_leases WHERE name = %(name)s"""
 
     def peek(self, name: str) -> Peek:
-        def work(execute: Any) -> Peek:
-            row = execute(self.PEEK, {"name": name}).fetchone()
-            if row is None:
-                return Peek(False, 0.0, None, 0)
-            holder, owner, term, expires, now = row
-            backend = self.ledger.backend
-            left = (backend.from_db(expires) - backend.from_db(now)).total_seconds()
-            return Peek(True, left if holder is not None else 0.0, owner, int(term))
-
-        return self._run("cannot read the lease in", work)  # type: ignore[no-any-return]
+        """A plain read, no lock, no write: a hundred candidates' looks cost what their
+        reads cost (on SQLite, a write transaction would queue them behind each other and
+        the leader's renewals)."""
+        rows = self.ledger._read(self.PEEK.replace("{now}", _NOW[self.dialect]),
+                                 {"name": name})
+        if not rows:
+            return Peek(False, 0.0, None, 0)
+        holder, owner, term, expires, now = rows[0]
+        backend = self.ledger.backend
+        left = (backend.from_db(expires) - backend.from_db(now)).total_seconds()
+        return Peek(True, left if holder is not None else 0.0, owner, int(term))
 
     # Made with no holder and long expired; the row's lock is then what acquirers race on.
     SEED = """INSERT INTO once_leases (name, term, lease_seconds, expires_at)
@@ -352,3 +353,54 @@ def _read(backend: Dialect, conn: Connection, sql: str, params: Params) -> list[
             backend.rollback(conn)
             return []
         raise LedgerError(f"cannot read the leases: {exc}") from exc
+
+
+# -- the reports' other reads (once.report.leads): status, check, history, metrics
+
+# Whether once_leases is there, asked of PostgreSQL's catalog: a read of a missing table is an
+# error there, which its server logs (every `once check` from cron, on a ledger no `once lead`
+# has used) and which aborts the snapshot's transaction. The other backends are read directly.
+LEASES_KEPT = "SELECT to_regclass('once_leases') IS NOT NULL"
+RECENT_TERMS = ("SELECT name, term, owner, lease_seconds, started_at, ended_at, ended "
+                "FROM once_lead_terms WHERE name = %(name)s ORDER BY term DESC "
+                "LIMIT %(limit)s")
+# Per name: terms begun, when the first began, and the seconds the ended ones were held.
+_HELD = {"postgresql": "extract(epoch FROM ended_at - started_at)::float8",
+         "mysql": "TIMESTAMPDIFF(MICROSECOND, started_at, ended_at) / 1e6",
+         "sqlite": "(julianday(ended_at) - julianday(started_at)) * 86400.0"}
+TERM_TOTALS = ("SELECT name, count(*), min(started_at), "
+               "sum(CASE WHEN ended_at IS NULL THEN 0 ELSE {held} END) "
+               "FROM once_lead_terms GROUP BY name")
+
+
+@dataclass(frozen=True)
+class TermTotals:
+    """What the terms of one lead name add up to (once_lead_terms)."""
+
+    terms: int  # terms begun
+    first_started_at: datetime
+    ended_held: float  # seconds the terms that ended were held
+
+
+def leases_kept(backend: Dialect, conn: Connection) -> bool:
+    """Whether the lease tables may be read: False only where PostgreSQL's catalog says
+    once_leases is not there (elsewhere the read itself finds out, read_leads)."""
+    if backend.name != "postgresql":
+        return True
+    return bool(backend.fetch(conn, LEASES_KEPT, {})[0][0])
+
+
+def read_recent_terms(backend: Dialect, conn: Connection, name: str,
+                      limit: int) -> list[TermRow]:
+    """The `limit` latest terms of one lead name, newest first."""
+    rows = _read(backend, conn, RECENT_TERMS, {"name": name, "limit": int(limit)})
+    return [TermRow(str(r[0]), int(r[1]), str(r[2]), float(r[3]), backend.from_db(r[4]),
+                    None if r[5] is None else backend.from_db(r[5]),
+                    None if r[6] is None else str(r[6])) for r in rows]
+
+
+def read_term_totals(backend: Dialect, conn: Connection) -> dict[str, TermTotals]:
+    """Every lead name's TermTotals (one row a name, whatever its terms)."""
+    sql = TERM_TOTALS.format(held=_HELD[backend.name])
+    return {str(r[0]): TermTotals(int(r[1]), backend.from_db(r[2]), float(r[3] or 0.0))
+            for r in _read(backend, conn, sql, {})}
