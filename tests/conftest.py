@@ -56,7 +56,7 @@ os.environ.pop("KUBERNETES_SERVICE_HOST", None)
 os.environ["_ONCE_SYSTEM_ROOT"] = tempfile.mkdtemp(prefix="once-root-")
 
 # The modules whose tests also run through PgBouncer: the races and liveness.
-PGBOUNCER_MODULES = ("test_run.py", "test_liveness.py")
+PGBOUNCER_MODULES = ("test_run.py", "test_liveness.py", "test_lead.py")
 
 # Fixtures that live with their helpers: `env` (tests/child_log.py: the state, shard and drift
 # tests), `private_pg`, `pg_env` (tests/private_postgres.py: the liveness and serve tests) and
