@@ -80,7 +80,8 @@ def test_the_loopback_names_and_the_listen_host_are_served(
     ("", "bad Host"), ("user@localhost", "bad Host"), ("user:pw@127.0.0.1", "bad Host"),
     ("localhost evil.example", "bad Host"), ("[::1", "bad Host"), ("[127.0.0.1]", "bad Host"),
     ("::1", "bad Host"), ("localhost/x", "bad Host"), ("http://localhost", "bad Host"),
-    (".", "bad Host"), ("localhost..", "bad Host"), ("localhost:80:80", "bad Host"), ("localhost:123456", "bad Host"),
+    (".", "bad Host"), ("localhost..", "bad Host"), ("localhost:80:80", "bad Host"),
+    ("localhost:123456", "bad Host"),
     (None, "no Host")])
 def test_a_host_that_is_no_host_or_none_is_a_bad_request(
         ledger: dict[str, str], serve: Callable[..., ServedHere], host: str | None,
