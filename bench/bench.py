@@ -15,7 +15,10 @@
 7. the output relay (bench/output.py): 1 GiB through `once run` against directly (goal: a
    ratio >= 0.8), the delay it adds to a line written every 10 ms (goal: p99 < 5 ms), the
    wrapper's PSS with capture on and off while the command writes (goal: within 2 MiB).
-   `BENCH_ONLY=output` runs these rows alone; BENCH_OUTPUT_MIB makes the first smaller.
+   `BENCH_ONLY=output` runs these rows alone; BENCH_OUTPUT_MIB makes the first smaller;
+8. `once lead` (bench/lead.py): the failover gap after a crash and after a SIGTERM, a waiting
+   candidate's CPU and server commits a second (100 of one name), the leader's PSS.
+   `BENCH_ONLY=lead` runs these rows alone.
 
 `BENCH_ONLY=catchup` runs row 3 alone (BENCH_CATCHUP_PERIODS, BENCH_CATCHUP_ROUNDS).
 `BENCH_ONLY=noop` runs row 1 alone (no-op `once run` against the bare script, SQLite and
@@ -282,6 +285,11 @@ def main() -> None:
         if os.environ.get("BENCH_ONLY") == "dashboard":
             dashboard.run(directory, postgres_url())
             return
+        if os.environ.get("BENCH_ONLY") == "lead":
+            import lead
+
+            lead.run(f"sqlite:///{db}", postgres_url())
+            return
         if os.environ.get("BENCH_ONLY") == "catchup":
             catchup_overhead("sqlite", f"sqlite:///{db}")
             catchup_overhead("postgresql", postgres_url())
@@ -303,6 +311,9 @@ def main() -> None:
             import fleet
 
             fleet.run(pg)
+        import lead
+
+        lead.run(f"sqlite:///{db}", pg)
         if os.environ.get("BENCH_SKIP_REPORTS") != "1":
             reports(directory, pg)
             dashboard.run(directory, pg)
