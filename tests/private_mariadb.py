@@ -1,7 +1,9 @@
 """A private MariaDB server, started from Debian's mariadb-server binaries on a loopback port
 and a data directory of its own, with a small max_allowed_packet (1 MiB, MySQL 5.5's default,
 still found on managed servers) and the upstream default charset (latin1): the settings of the
-shared server (16 MiB, utf8mb4) hide what they do to `once`. For test_finish_refused.py.
+shared server (16 MiB, utf8mb4) hide what they do to `once`. For test_finish_refused.py, and
+with options of its own (the binary log, a server id) for a primary and its replica
+(test_doctor_replication.py: `mariadb_binaries`, then PrivateMariadb(*binaries, *options)).
 
 Its fixture, registered by tests/conftest.py: `private_mariadb` (one server a test module).
 Without the binaries it skips, unless ONCE_TEST_BACKENDS names mariadb: then it fails.
@@ -28,7 +30,7 @@ PACKET = 1024 * 1024  # max_allowed_packet
 
 
 class PrivateMariadb:
-    def __init__(self, mariadbd: str, install: str) -> None:
+    def __init__(self, mariadbd: str, install: str, *options: str) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="once-mariadb-"))
         data = self.root / "data"
         # As root the server runs as `mysql`, which must own its directory.
@@ -43,9 +45,10 @@ class PrivateMariadb:
         self.proc = subprocess.Popen(
             [mariadbd, "--no-defaults", *user, f"--datadir={data}", f"--port={self.port}",
              "--bind-address=127.0.0.1", f"--socket={self.root}/socket",
-             f"--pid-file={self.root}/pid", f"--log-error={self.log}", "--skip-log-bin",
+             f"--pid-file={self.root}/pid", f"--log-error={self.log}",
+             *(() if any(o.startswith("--log-bin") for o in options) else ("--skip-log-bin",)),
              "--skip-name-resolve", "--innodb-buffer-pool-size=16M",
-             f"--max-allowed-packet={PACKET}"],
+             f"--max-allowed-packet={PACKET}", *options],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"mariadb://root@127.0.0.1:{self.port}"
         wait_for(self._up, timeout=60, what=f"the private MariaDB on port {self.port}")
@@ -74,8 +77,9 @@ class PrivateMariadb:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def private_mariadb() -> Iterator[PrivateMariadb]:
+def mariadb_binaries() -> tuple[str, str]:
+    """(mariadbd, mariadb-install-db); the test skips without them, or fails where
+    ONCE_TEST_BACKENDS names mariadb."""
     from conftest import BACKENDS
 
     mariadbd = shutil.which("mariadbd") or shutil.which("mariadbd", path="/usr/sbin")
@@ -84,6 +88,11 @@ def private_mariadb() -> Iterator[PrivateMariadb]:
         if "mariadb" in BACKENDS:
             pytest.fail("mariadbd and mariadb-install-db are needed for a private MariaDB")
         pytest.skip("no mariadbd and mariadb-install-db (Debian's mariadb-server)")
-    server = PrivateMariadb(mariadbd, install)
+    return mariadbd, install
+
+
+@pytest.fixture(scope="module")
+def private_mariadb() -> Iterator[PrivateMariadb]:
+    server = PrivateMariadb(*mariadb_binaries())
     yield server
     server.stop()

@@ -403,3 +403,115 @@ def test_reports_read_from_a_standby_say_so(sync_pair: Pair, tmp_path: Path) -> 
                                env=env).stdout)[0]["standby"] is None
     ledger.drop()
 
+
+
+# -- once doctor and the bounds of every wait (issue 34) ----------------------------------------
+
+
+def _doctor(url: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return run_once("doctor", "--db", url, env=env, timeout=120)
+
+
+def _waiting(node: Any) -> list[Any]:
+    """The server's sessions that wait for a synchronous standby or for a lock."""
+    return node.sql("SELECT pid, wait_event, left(query, 60) FROM pg_stat_activity "
+                    "WHERE wait_event = 'SyncRep' OR wait_event_type = 'Lock'")
+
+
+@pytest.mark.slow
+def test_the_only_synchronous_standby_down_doctor_says_so_and_no_wait_is_unbounded(
+        sync_pair: Pair, tmp_path: Path) -> None:
+    ledger = Ledger(sync_pair, tmp_path)
+    url = sync_pair.primary.url(ledger.name)
+    for lag in ("1", "0"):  # two done periods: the older one is the prune's
+        assert _run(ledger, url, "old", "--lag", lag, command=("true",)).returncode == 0
+    for table in ("once_runs", "once_attempts"):
+        sync_pair.primary.sql(f"UPDATE {table} SET finished_at = finished_at - interval '2 days'"
+                              f" WHERE job = 'old'", database=ledger.name)
+    fresh = "once_f_" + uuid.uuid4().hex[:12]  # no tables yet: the first use creates them
+    sync_pair.primary.sql(f"CREATE DATABASE {fresh}")
+    fresh_url = sync_pair.primary.url(fresh)
+    env = {**ledger.env, "ONCE_DATABASE_URL": fresh_url}
+    ran = ("sh", "-c", "echo ran")
+    sync_pair.standby.stop("fast")  # the only synchronous standby
+    try:
+        doctor = _doctor(url, ledger.env)
+        began = time.monotonic()
+        first_uses = [start_once("run", "--job", "j", "--every", "day", "--stale-after", "10s",
+                                 "--", *ran, env=env) for _ in range(2)]
+        ends = [p.communicate(timeout=120) for p in first_uses]
+        took = time.monotonic() - began
+        began = time.monotonic()
+        pruned = run_once("prune", "--db", url, "--older-than", "1d", env=ledger.env,
+                          timeout=120)
+        prune_took = time.monotonic() - began
+        left_waiting = _waiting(sync_pair.primary)
+    finally:
+        sync_pair.standby.start()
+        sync_pair.streaming()
+    # doctor said "OK replication no standby attached", exit 0 but for the pair's fsync.
+    assert ("CRITICAL replication synchronous_standby_names = '*' waits for 1 synchronous "
+            "standby(s), 0 connected: no claim can commit") in doctor.stdout, doctor.stdout
+    # The first use's commit waited for ever, and the second behind its schema lock: each
+    # now ends with exit 75 and its line, nothing run.
+    assert [p.returncode for p in first_uses] == [75, 75], ends
+    assert all("ran" not in out for out, _ in ends)
+    errors = "".join(err for _, err in ends)
+    assert ("cannot create the ledger's tables in " in errors and "no synchronous standby "
+            "confirmed them within 15s (is the synchronous standby down? see "
+            "synchronous_standby_names); nothing was run" in errors), errors
+    assert took < 60, took  # 15 s for the first; the second's lock, then its claim's 5 s
+    assert pruned.returncode == 75, pruned.stdout + pruned.stderr
+    assert "stands on the primary alone: no synchronous standby confirmed it within 15s" \
+        in pruned.stderr, pruned.stderr
+    assert prune_took < 40, prune_took
+    assert left_waiting == [], left_waiting  # no commit, no lock left behind
+    # With the standby back, the ledger made on the primary alone serves the next fire.
+    again = run_once("run", "--job", "j", "--every", "day", "--", *ran, env=env)
+    assert again.returncode == 0 and again.stdout == "ran\n", again.stderr
+    assert "CRITICAL replication" not in _doctor(url, ledger.env).stdout
+    sync_pair.primary.sql(f"DROP DATABASE IF EXISTS {fresh} WITH (FORCE)")
+    ledger.drop()
+
+
+@pytest.mark.slow
+def test_doctor_on_a_caught_up_standby_says_it_is_not_behind(sync_pair: Pair,
+                                                              tmp_path: Path) -> None:
+    # doctor timed a standby by the age of the last commit it replayed ("2s behind", then
+    # "6s"), where the reports say 0 while it has replayed all it received: one rule now.
+    ledger = Ledger(sync_pair, tmp_path)
+    assert _run(ledger, sync_pair.primary.url(ledger.name), "j",
+                command=("true",)).returncode == 0
+    sync_pair.caught_up()
+    wait_for(lambda: sync_pair.standby.scalar(
+        "SELECT clock_timestamp() - pg_last_xact_replay_timestamp() > '2s'"),
+        what="the last replayed commit to be 2 s old")
+    standby = sync_pair.standby.url(ledger.name)
+    doctor = _doctor(standby, ledger.env)
+    assert "CRITICAL session the server is a standby (in recovery, 0s behind its primary)" \
+        in doctor.stdout, doctor.stdout
+    checked = run_once("check", "--db", standby, env=ledger.env)
+    assert "(a standby, 0.0s behind its primary)" in checked.stdout, checked.stdout
+    ledger.drop()
+
+
+@pytest.mark.slow
+def test_doctor_reads_every_host_of_a_host_list(sync_pair: Pair, async_pair: Pair,
+                                                tmp_path: Path) -> None:
+    # doctor read the first host alone: a list of two independent primaries was OK, and
+    # with the first stopped, the day ran again on the second.
+    ledger = Ledger(sync_pair, tmp_path)
+    async_pair.primary.sql(f"CREATE DATABASE {ledger.name}")
+    try:
+        ports = (sync_pair.primary.port, async_pair.primary.port)
+        two = _doctor(f"postgresql://postgres@127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}/"
+                      f"{ledger.name}", ledger.env)
+        assert "CRITICAL hosts the URL's hosts are separate servers, not one cluster " \
+               f"(127.0.0.1:{ports[0]}: system_identifier " in two.stdout, two.stdout
+        assert two.returncode == 2
+        one = _doctor(sync_pair.multi_host_url(ledger.name), ledger.env)
+        assert "OK hosts 2 hosts, one cluster (system_identifier " in one.stdout, one.stdout
+        assert "1 primary, the rest its standbys" in one.stdout
+    finally:
+        async_pair.primary.sql(f"DROP DATABASE IF EXISTS {ledger.name} WITH (FORCE)")
+    ledger.drop()

@@ -184,3 +184,44 @@ def test_a_claim_that_decides_from_a_read_decides_as_the_takeover_would(
     finally:
         conn.close()
     assert decided == [True, True, False, False, True, False, False, False, True, False]
+
+
+def _cluster_status(galera: GaleraCluster, node: int) -> object:
+    return galera.execute(node, "SHOW STATUS LIKE 'wsrep_cluster_status'")[0][1]
+
+
+def test_check_is_unknown_and_doctor_critical_on_a_node_outside_the_primary_component(
+        galera: GaleraCluster, tmp_path: Path) -> None:
+    # Node 2 cut off from the others (gmcast.isolate): a component of one node of three,
+    # non-Primary, which answers 1047 to every statement but SHOW and SET. `once check`
+    # exited 75, outside its own statuses (0-3), and `once doctor` too (it read the
+    # server's settings with SELECT), where each can tell: UNKNOWN, CRITICAL.
+    database = galera.new_database()
+    env = _env(tmp_path)
+    assert run_once(*_run(galera.url(1, database), "j", "true")[1:], env=env).returncode == 0
+    galera.execute(2, "SET GLOBAL wsrep_provider_options = 'gmcast.isolate=1'")
+    try:
+        wait_for(lambda: _cluster_status(galera, 2) == "non-Primary", timeout=60,
+                 what="node 2 to leave the Primary component")
+        checked = run_once("check", "--db", galera.url(2, database), env=env)
+        as_json = run_once("check", "--json", "--db", galera.url(2, database), env=env)
+        doctor = run_once("doctor", "--db", galera.url(2, database), env=env)
+    finally:
+        galera.execute(2, "SET GLOBAL wsrep_provider_options = 'gmcast.isolate=0'")
+        wait_for(lambda: _cluster_status(galera, 2) == "Primary", timeout=120,
+                 what="node 2 back in the Primary component")
+        wait_for(lambda: galera.size(2) == len(NODES), timeout=120, what="three nodes again")
+    assert checked.returncode == 3, checked.stdout + checked.stderr
+    lines = checked.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"UNKNOWN - - not-ready (the ledger {galera.url(2, database)} cannot be read on this "
+        "server: (1047, 'WSREP has not yet prepared node for application use') (a Galera node "
+        "outside the Primary component"), checked.stdout
+    assert checked.stderr == ""
+    assert as_json.returncode == 3 and '"problem": "not-ready"' in as_json.stdout
+    assert doctor.returncode == 2, doctor.stdout + doctor.stderr
+    assert doctor.stdout.startswith("CRITICAL galera the node is not in a Primary component "
+                                    "(wsrep_cluster_status = non-Primary"), doctor.stdout
+    # Back in the Primary component, the same check reads the ledger.
+    wait_for(lambda: run_once("check", "--db", galera.url(2, database),
+                              env=env).returncode == 0, timeout=60, what="check to read node 2")

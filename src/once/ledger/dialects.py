@@ -56,6 +56,9 @@ class Dialect:
     file: ClassVar[bool] = False  # a local file: absent until a first use creates it
     text_times: ClassVar[bool] = False  # times stored as ISO text (SQLite)
     standbys: ClassVar[bool] = False  # a session can tell it reads a standby (PostgreSQL)
+    # A commit may wait for a synchronous standby, for ever while none is up (PostgreSQL):
+    # the commits once sends outside the hot path are watched (once.ledger.watchdog).
+    synchronous_standbys: ClassVar[bool] = False
     renames_by_change: ClassVar[bool] = False  # ALTER TABLE ... CHANGE/MODIFY, not RENAME
     alters_columns: ClassVar[bool] = True  # ALTER TABLE changes a column (SQLite: remade)
     lax_not_null: ClassVar[bool] = False  # a missing NOT NULL value may become '' (lax MySQL)
@@ -132,6 +135,11 @@ class Dialect:
     def socket_of(self, dbapi_conn: object) -> int | None:
         """The connection's socket (once serve's watchdog shuts it down); None: no socket."""
         return None
+
+    def lock_waits(self, seconds: float) -> tuple[str, ...]:
+        """What bounds each lock wait of a transaction that creates, upgrades or prunes the
+        ledger (its schema lock, a table's, a row's) by about `seconds`, sent first in it."""
+        return ()
 
     def job_names(self, target: Target, timeout: float) -> list[str]:
         """The job names shell completion offers: only what a local read can give at once."""
@@ -278,7 +286,7 @@ class Postgres(Dialect):
     schemes = ("postgresql", "postgres")
     spelled = sqlalchemy_names = ("postgresql",)
     rules = errors.POSTGRES
-    standbys = arrays = True
+    standbys = arrays = synchronous_standbys = True
     now_sql = "SELECT clock_timestamp()"
     transaction_lock = "SELECT pg_advisory_xact_lock(7310504102)"
 
@@ -310,6 +318,9 @@ class Postgres(Dialect):
 
     def socket_of(self, dbapi_conn: object) -> int | None:
         return int(cast("psycopg.Connection[Any]", dbapi_conn).pgconn.socket)
+
+    def lock_waits(self, seconds: float) -> tuple[str, ...]:
+        return (f"SET LOCAL lock_timeout = {max(1, int(seconds * 1000))}",)
 
     def sqlalchemy_url(self, target: Target) -> str:
         return "postgresql+psycopg"
@@ -356,6 +367,12 @@ class Mysql(Dialect):
 
     def socket_of(self, dbapi_conn: object) -> int | None:
         return int(cast("MysqlConnection", dbapi_conn)._sock.fileno())
+
+    def lock_waits(self, seconds: float) -> tuple[str, ...]:
+        # Metadata locks (DDL behind an open transaction: a year by default) and row locks.
+        whole = max(1, math.ceil(seconds))
+        return (f"SET SESSION lock_wait_timeout = {whole}",
+                f"SET SESSION innodb_lock_wait_timeout = {whole}")
 
     def sqlalchemy_url(self, target: Target) -> str:
         if target.url.partition("://")[0].lower().startswith("mariadb"):

@@ -109,6 +109,23 @@ def schema_missing(rules: Rules, exc: BaseException, columns: bool = True) -> bo
     return missing == "table" or (columns and missing == "column")
 
 
+# A server that is up but answers no statement on the ledger: a Galera node outside the
+# Primary component, or one refusing queries (wsrep_reject_queries): MySQL's 1047 "WSREP has
+# not yet prepared node for application use". What it holds cannot be told from it.
+_MYSQL_NOT_READY = {1047}
+
+
+def not_ready(exc: BaseException) -> bool:
+    """exc, or the driver's error it was raised from (a LedgerError's cause), is a server
+    that cannot answer for the ledger now (_MYSQL_NOT_READY)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if error_code(seen) in _MYSQL_NOT_READY:
+            return True
+        seen = seen.__cause__
+    return False
+
+
 def lost_race(rules: Rules, exc: BaseException) -> bool:
     return rules.races(exc)
 

@@ -39,7 +39,21 @@ from once.ledger.dialects import of
 from once.ledger.engines import bind
 from once.ledger.fleet import Snapshot
 from once.ledger.rows import STATE_PERIOD
-from once.ledger.schema import SCHEMA_VERSION, attempts, engine, ensure, jobs, runs
+from once.ledger.schema import (
+    SCHEMA_VERSION,
+    attempts,
+    bound_lock_waits,
+    commit,
+    engine,
+    ensure,
+    jobs,
+    runs,
+    unconfirmed,
+)
+
+# The statement timeout whose limits bound the prune's commit (once.ledger.watchdog.limits):
+# the default --stale-after's.
+STATEMENT_TIMEOUT = 10.0
 
 # once_attempts' record of `once state --set`: no run row of its own
 STATE_ROWS = STATE_PERIOD
@@ -68,15 +82,18 @@ def prune(target: Target, older_than: float, oldest_gaps: OldestGaps, dry_run: b
         eng = engine(target)
         try:
             for tries in (1, 2):
-                with eng.begin() as conn:
+                with eng.connect() as conn, conn.begin():
                     connected = True
+                    bound_lock_waits(conn, target)  # a row a claim holds, a table's lock
                     if not inspect(conn).has_table(runs.name):
                         return Pruned(no_tables=True)
                     version = engines.schema_version(conn)
                     if version > SCHEMA_VERSION:
                         raise newer_schema(version)
                     if version == SCHEMA_VERSION or tries == 2:
-                        return _prune(conn, target, cut, dry_run, oldest_gaps)
+                        pruned = _prune(conn, target, cut, dry_run, oldest_gaps)
+                        _commit(conn, target)
+                        return pruned
                 ensure(target)  # an older ledger: upgraded first, as the next once run would
             raise AssertionError("unreachable")
         finally:
@@ -88,6 +105,16 @@ def prune(target: Target, older_than: float, oldest_gaps: OldestGaps, dry_run: b
     except SQLAlchemyError as exc:
         raise LedgerError(f"cannot prune the ledger {target.redacted}: "
                           f"{describe(getattr(exc, 'orig', None) or exc)}") from exc
+
+
+def _commit(conn: Connection, target: Target) -> None:
+    """The prune's commit, its wait for a synchronous standby bounded (schema.commit): one
+    that none confirmed stands on the primary alone, which is said (exit 75)."""
+    limit = commit(conn, target, STATEMENT_TIMEOUT)
+    if limit is not None:
+        raise LedgerError(f"the prune of the ledger {target.redacted} stands on the primary "
+                          f"alone: {unconfirmed('it', limit)}; a failover now would bring "
+                          f"the pruned rows back")
 
 
 def _prune(conn: Connection, target: Target, cut: datetime, dry_run: bool,

@@ -442,6 +442,8 @@ def _into_wal(path: str, timeout: float) -> None:
 
 NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "9p", "afs",
                        "ceph", "glusterfs", "fuse.glusterfs", "lustre"}
+# Filesystems held in memory (/dev/shm, /run, a tmpfs /tmp): a reboot empties them.
+VOLATILE_FILESYSTEMS = {"tmpfs", "ramfs"}
 
 
 def filesystem_type(path: str) -> str:

@@ -1,6 +1,7 @@
 """The watchdogs of the ledger's connections: of PostgreSQL's statements on the hot path
 (once.ledger.postgres: one thread that cancels a statement at its first time limit and shuts
-its connection's socket down at its second), and of one whole read of `once serve`
+its connection's socket down at its second), of the commits that create, upgrade or prune the
+ledger (watched_commit: the same limits), and of one whole read of `once serve`
 (ReadWatchdog: its connection's socket shut down when the read outlasts its time).
 
 Imports only the stdlib and once.ledger's base (the socket's shutdown) and dialects (a
@@ -103,6 +104,45 @@ class _StatementWatchdog:
 
 
 WATCHDOG = _StatementWatchdog()
+
+
+def limits(statement_timeout: float) -> tuple[float, float]:
+    """(when a PostgreSQL statement is cancelled, when its socket is shut down), in seconds,
+    for a ledger's statement timeout (once.deadlines.statement_timeout): 15 s and 20 s with
+    the default --stale-after, never under 3.75 s and 5 s."""
+    limit = max(5.0, 2 * statement_timeout)
+    return 0.75 * limit, limit
+
+
+# What PostgreSQL says when a commit's wait for a synchronous standby is cancelled: the
+# transaction stands on the primary alone. Its words are translated; its severity is not.
+_UNCONFIRMED_SEVERITY = "WARNING"
+
+
+def watched_commit(conn: psycopg.Connection[Any], commit: Callable[[], None],
+                   statement_timeout: float) -> float | None:
+    """Run `commit` (of a transaction on conn) under the statements' limits: a commit that
+    waits for a synchronous standby that is down is cancelled at the first (its wait ends and
+    the transaction stands on the primary alone), one whose server does not answer fails at
+    the second. None when the commit was answered in time; the first limit when it was
+    cancelled in its wait for a standby (no synchronous standby confirmed it)."""
+    warnings: list[str] = []
+
+    def noticed(notice: Any) -> None:
+        if notice.severity_nonlocalized == _UNCONFIRMED_SEVERITY:
+            warnings.append(str(notice.message_primary))
+
+    cancel_at, shut_at = limits(statement_timeout)
+    conn.add_notice_handler(noticed)
+    token = WATCHDOG.arm(conn.pgconn.socket, cancel_at, shut_at,
+                         lambda: cancel(conn, shut_at - cancel_at))
+    try:
+        commit()
+    finally:
+        cancelled = WATCHDOG.disarm(token)
+        with suppress(Exception):  # a connection the watchdog shut down
+            conn.remove_notice_handler(noticed)
+    return cancel_at if cancelled and warnings else None
 
 
 class ReadWatchdog:

@@ -30,7 +30,7 @@ class Finding:
     job: str
     period: str  # a key, FIRST..LAST for a range, or - for the job as a whole
     problem: str  # missing, failed, failed-out, stale, overrun, unknown, unreadable, empty,
-    # standby
+    # standby, not-ready
     detail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     at: datetime = NEVER  # for ordering
@@ -52,6 +52,16 @@ class Finding:
                 "period": None if self.period == "-" else self.period,
                 "problem": self.problem, "detail": self.detail or None, **self.extra,
                 "line": self.line}
+
+
+def not_ready(ledger: str, cause: str) -> Finding:
+    """check's UNKNOWN for a server that is up but answers nothing on the ledger (a Galera
+    node outside the Primary component, or refusing queries): what the ledger holds cannot be
+    told from it, so no job is judged (docs/how-to/high-availability.md)."""
+    return Finding(UNKNOWN, "", "-", "not-ready",
+                   f"the ledger {ledger} cannot be read on this server: {cause} (a Galera node "
+                   f"outside the Primary component, or refusing queries): what the ledger "
+                   f"holds is not seen; read a node of the Primary component")
 
 
 def findings(states: Sequence[JobState]) -> list[Finding]:

@@ -11,12 +11,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, NamedTuple
 
 from once.escape import shown
-from once.ledger import Target
+from once.ledger import LedgerError, Target, describe, errors
 from once.ledger.fleet import Snapshot, Standby
 from once.messages import say
 from once.periods import Period
 from once.report.attempts import attempt_counts, attempt_entries, fleet_entries
-from once.report.check import CRITICAL, OK, UNKNOWN, Finding, findings
+from once.report.check import CRITICAL, OK, UNKNOWN, Finding, findings, not_ready
 from once.report.metrics import exposition
 from once.report.model import JobState
 from once.report.render import (
@@ -119,7 +119,13 @@ def check(target: Target, jobs_named: Sequence[str], namespace: str | None, grac
     """`once check`: the findings, one a line; exit 0, 1 (WARNING), 2 (CRITICAL) or 3
     (UNKNOWN: no job in the ledger, which is more often the wrong ledger than a quiet one)."""
     names = _stored(jobs_named, namespace)
-    states, _, _, standby = _load(target, names or None, namespace, grace)
+    try:
+        states, _, _, standby = _load(target, names or None, namespace, grace)
+    except LedgerError as exc:
+        if not errors.not_ready(exc):
+            raise
+        found = [not_ready(target.redacted, exc.cause or describe(exc.__cause__ or exc))]
+        return _print_findings(found, target, as_json)
     found = findings(states)
     lagging = _lagging(standby, grace, target)
     if lagging is not None:
@@ -131,8 +137,16 @@ def check(target: Target, jobs_named: Sequence[str], namespace: str | None, grac
         found.append(Finding(UNKNOWN, "", "-", "empty",
                              f"no job has run in {where}the ledger {target.redacted}; is it "
                              f"the one the jobs use? see --db and ONCE_DATABASE_URL"))
+    count = len(states)
+    return _print_findings(found, target, as_json,
+                           f"OK {count} job{'' if count == 1 else 's'}: every due period done "
+                           f"(ledger {shown(target.redacted)}{standby_words(standby)})")
+
+
+def _print_findings(found: list[Finding], target: Target, as_json: bool,
+                    all_well: str = "") -> int:
+    """check's findings, most severe first (all_well when there is none); its exit status."""
     found.sort(key=lambda f: f.order)
-    worst = max((f.severity for f in found), default=OK)
     if as_json:
         write_line(json.dumps([{**f.as_dict(), "ledger": target.redacted} for f in found],
                               indent=2), as_json=True)
@@ -140,10 +154,8 @@ def check(target: Target, jobs_named: Sequence[str], namespace: str | None, grac
         for f in found:
             write_line(f.line)
     else:
-        count = len(states)
-        write_line(f"OK {count} job{'' if count == 1 else 's'}: every due period done "
-                   f"(ledger {shown(target.redacted)}{standby_words(standby)})")
-    return worst
+        write_line(all_well)
+    return max((f.severity for f in found), default=OK)
 
 
 def history(target: Target, stored_job: str, limit: int, as_json: bool,
