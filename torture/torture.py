@@ -33,7 +33,11 @@ creates and drops):
    MariaDB a three-node Galera cluster, callers spread across its nodes, a node killed
    (SIGKILL) and rejoined by a state transfer; both while a storm works through the periods
    and owners are killed, stopped and terminated. Every claim whose command ran must be in
-   the ledger afterwards, and fences strictly increase per job, none reused (SQLite: n/a).
+   the ledger afterwards, and fences strictly increase per job, none reused (SQLite: n/a);
+9. leader (torture/leader.py): `once lead` candidates of one name while leaders are killed,
+   their guards killed, stopped past the lease and woken, cut off from the ledger by a relay
+   that falls silent, and terminated: never two children alive at once (by their own log),
+   terms strictly growing, each old child dead by its lease's deadline.
 
 Each backend gets a table:
 
@@ -71,7 +75,7 @@ Environment: TORTURE_SCALE (default 1.0) scales every count; TORTURE_BACKENDS (d
 sqlite,postgresql,mariadb); TORTURE_POSTGRES_URL (default: an embedded server of the
 torture's own, which it may stop and restart); TORTURE_MARIADB_URL (default
 mariadb://root@127.0.0.1:3306/test); TORTURE_SCENARIOS (default
-contention,owner,database,fleet,clocks,input,rolling,ha); TORTURE_SEED; TORTURE_KEEP=1 keeps
+contention,owner,database,fleet,clocks,input,rolling,ha,leader); TORTURE_SEED; TORTURE_KEEP=1 keeps
 the work directory (logs of every process) even when nothing was lost.
 """
 
@@ -96,6 +100,7 @@ import contention
 import faults
 import fleet
 import ha
+import leader
 import rolling
 from common import Backend, Config, Row, make_backend, remove_tree
 
@@ -108,6 +113,7 @@ SCENARIOS: dict[str, Callable[[Config, Backend, Path], list[Row]]] = {
     "input": badinput.run,
     "rolling": rolling.run,
     "ha": ha.run,
+    "leader": leader.run,
 }
 
 
