@@ -27,7 +27,7 @@ from once.ledger.records import (
     skew_refusal,
 )
 from once.ledger.url import Target
-from once.ledger.watchdog import WATCHDOG, cancel
+from once.ledger.watchdog import WATCHDOG, cancel, limits
 
 if TYPE_CHECKING:
     import psycopg
@@ -413,9 +413,9 @@ class PostgresLedger(Ledger):
     _depth = 0
 
     def _limits(self) -> tuple[float, float]:
-        """(when a statement is cancelled, when its socket is shut down), in seconds."""
-        limit = max(5.0, 2 * self.statement_timeout)
-        return 0.75 * limit, limit
+        """(when a statement is cancelled, when its socket is shut down), in seconds: the
+        rule once's other commits are watched by (watchdog.limits)."""
+        return limits(self.statement_timeout)
 
     @contextmanager
     def _watched(self) -> Iterator[None]:
