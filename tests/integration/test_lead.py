@@ -271,3 +271,31 @@ def test_a_leader_cut_off_from_its_ledger_is_stopped_by_its_deadline(
         relay.close()
         stop_all(procs)
     judge(log)
+
+
+def test_sqlite_a_host_clock_stepped_forward_takes_no_live_leader_over(
+        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    if not ledger_url.startswith("sqlite"):
+        pytest.skip("SQLite: the ledger's clock is this host's")
+    import libfaketime
+
+    library = os.path.join(os.path.dirname(libfaketime.__file__), "vendor", "libfaketime",
+                           "src", "libfaketime.so.1")
+    log = tmp_path / "children.log"
+    leader = start_lead(once_env, log)
+    ahead = None
+    try:
+        _, _, kid = leader_of([leader], log)
+        # A candidate whose clock is an hour ahead: to its SQLite, the lease ran out long ago.
+        ahead = start_lead({**once_env, "LD_PRELOAD": library, "FAKETIME": "+1h",
+                            "DONT_FAKE_MONOTONIC": "1"}, log)
+        time.sleep(LEASE + 1.0)
+        assert leading_children(log, time.monotonic() - 0.5) == {(1, kid)}
+        # Its leader stopped: the guard stops the child by the deadline and lets the lock go.
+        os.kill(leader.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        dead_by(kid, stopped_at + LEASE)
+        leader_of([ahead], log, since=stopped_at)
+    finally:
+        stop_all([p for p in (leader, ahead) if p is not None])
+    judge(log)

@@ -131,6 +131,33 @@ class Leases:
         self.ledger = ledger
         self.dialect = ledger.dialect
         self.timeline = ledger.dialect == "postgresql"  # off where the server cannot say
+        self._host_lock: Any = None  # SQLite: the lead's OS lock while we take or hold it
+
+    # SQLite: the host's clock is the ledger's, and one stepped forward (NTP, a resume) would
+    # end a live leader's lease early. So, as a claim holds its period's OS lock
+    # (once.ledger.sqlite._PeriodLocks), an acquire also needs the lead name's, on an open
+    # file description of its own: the leader hands it to its guard (hand_over), which holds
+    # it while the command runs and drops it when it dies, also while `once lead` itself is
+    # stopped. No clock can make a lease look free while a leader's command may still run.
+
+    def _take_host_lock(self, name: str) -> bool:
+        if self.dialect != "sqlite":
+            return True
+        from once.ledger.sqlite import _PeriodLocks
+
+        locks = _PeriodLocks(self.ledger.target.path)
+        if not locks.acquire(("once lead", name)):
+            locks.close()
+            return False
+        self._host_lock = locks
+        return True
+
+    def hand_over(self) -> None:
+        """Let go of our copy of the lead's OS lock (SQLite): the guard, forked with it, holds
+        it from now on (once.run.lead). A no-op elsewhere."""
+        locks, self._host_lock = self._host_lock, None
+        if locks is not None:
+            locks.close()
 
     def _sql(self, text: str) -> str:
         text = text.replace("{now}", _NOW[self.dialect]).replace("{until}", _UNTIL[self.dialect])
@@ -200,6 +227,8 @@ class Leases:
         lease clock: the deadline counts from there); None when another holds it."""
         params: Params = {"name": name, "holder": holder, "owner": owner,
                           "lease": float(lease), "epoch": self.ledger.backend.bind(_EPOCH)}
+        if not self._take_host_lock(name):
+            return None  # SQLite: a leader's command may still run
         sent = lease_now()
 
         def work(execute: Any) -> int | None:
@@ -216,7 +245,12 @@ class Leases:
             execute(self.WITHDRAW, params)
             return term
 
-        term = self._run("cannot acquire the lease in", work)
+        term = None
+        try:
+            term = self._run("cannot acquire the lease in", work)
+        finally:
+            if term is None:
+                self.hand_over()  # not won (or failed): nobody is to hold it for us
         return None if term is None else (int(term), sent)
 
     def _acquire(self, execute: Any, params: Params) -> int | None:
@@ -276,7 +310,10 @@ class Leases:
             execute(self.END_TERM, params)
             return ours
 
-        return bool(self._run("cannot release the lease in", work))
+        try:
+            return bool(self._run("cannot release the lease in", work))
+        finally:
+            self.hand_over()  # the Python API's leader held it itself
 
     RETIRE = """
         DELETE FROM once_leases

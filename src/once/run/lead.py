@@ -212,7 +212,9 @@ def _lead_once(elector: Elector, command: Sequence[str], kill_after: float, term
         return 0, False
     lease = elector.lease_for(term, sent)
     elector.say(f"{name}: leading, term {term}", "leading")
-    outcome = wrapper.run(command, child_env(name, term), lease, kill_after, end_group=True)
+    # The guard is forked holding the lead's OS lock (SQLite); ours goes once it is.
+    outcome = wrapper.run(command, child_env(name, term), lease, kill_after,
+                          on_start=elector.leases.hand_over, end_group=True)
     if lease.stranded:  # a renewal stuck in the driver still holds the connection
         elector.ledger.abandon()
     if outcome.interrupted_by is not None:
