@@ -17,6 +17,16 @@ TABLES = {
     "its latest run, so that the reports know which periods were expected; its `--state` "
     "watermark.",
     "once_meta": "The schema version.",
+    "once_leases": "One row per lead name (`once lead`, `once.lead`): who holds its lease, in "
+    "which term, until when. A lease is free when it has no holder or its `expires_at` has "
+    "passed; the one `UPDATE` that takes it tests exactly that, so one candidate of any number "
+    "wins. Added in schema 5 without a change of its version (Upgrading).",
+    "once_lead_terms": "Every term of every lead name: who led, from when to when, and how it "
+    "ended. `once lead --retire` leaves them.",
+    "once_lead_candidates": "The candidates waiting for a lead name, for the reports: each "
+    "writes its row when it starts to wait and again every `--lease` (every 5 s for a "
+    "shorter lease), and deletes it when it wins the lease or stops; a row seen within three "
+    "of those intervals counts as a candidate.",
 }
 
 COLUMNS = {
@@ -90,5 +100,40 @@ COLUMNS = {
     "once_meta": {
         "name": "A setting's name (`schema_version`).",
         "value": "Its value.",
+    },
+    "once_leases": {
+        "name": "The stored lead name (<NS>`:`<NAME> with `--namespace`).",
+        "holder": "The holding process's own random id (32 hex digits; two processes of one "
+        "pod are two holders), which its renewals and its release match on; NULL once released. A "
+        "holder whose lease ran out stays until the next holder takes the lease.",
+        "owner": "The holder's name for the reports (`--owner`, `ONCE_OWNER`, else host name and "
+        "process id); NULL once released.",
+        "term": "The latest term, `ONCE_TERM`: the term before it plus one, on PostgreSQL at "
+        "least (timeline - 1) * 2^32 (as `once_runs.fence`).",
+        "lease_seconds": "The latest holder's `--lease`, in seconds.",
+        "acquired_at": "When the latest term began (the database's clock).",
+        "renewed_at": "The latest renewal (or the acquire), by the database's clock.",
+        "expires_at": "When the lease runs out unless renewed: the latest renewal or acquire "
+        "plus `lease_seconds`, by the database's clock; a release sets it to the release's "
+        "time. Free from then on.",
+    },
+    "once_lead_terms": {
+        "name": "The stored lead name.",
+        "term": "The term (`ONCE_TERM`).",
+        "owner": "Who led it.",
+        "lease_seconds": "Its `--lease`, in seconds.",
+        "started_at": "When it began (the database's clock).",
+        "ended_at": "When it ended: its release, or for a term that ran out its last "
+        "`expires_at`, written when the next term begins; NULL until then.",
+        "ended": "`released` (its command ended or was stopped, and the lease given up), `lost` "
+        "(its holder found the lease lost and stopped its command), `expired` (the next term "
+        "began after it ran out unreleased: its holder died, or was cut off or stopped; a holder "
+        "that comes back writes `lost` or `released` over it); NULL while it lasts.",
+    },
+    "once_lead_candidates": {
+        "name": "The stored lead name.",
+        "holder": "The candidate process's own id (as `once_leases.holder`).",
+        "owner": "Its name for the reports.",
+        "seen_at": "When it last said it waits (the database's clock).",
     },
 }

@@ -239,7 +239,8 @@ def _same(
 
 
 def _read_envvars(cmds: Sequence[Command]) -> list[tuple[str, str]]:
-    """The explicit variables of every option (in the order met), then ENV_FIXED."""
+    """The explicit variables of every option (in the order met), then ENV_FIXED, whose
+    words win over an option's help (ONCE_OWNER, which `once lead --owner` reads too)."""
     seen: dict[str, str] = {}
     for cmd in cmds:
         for opt in cmd.options:
@@ -251,7 +252,7 @@ def _read_envvars(cmds: Sequence[Command]) -> list[tuple[str, str]]:
                         f"As `{option_names(opt)[-1]}`: {opt.help or ''}".strip()
                     )
     for name, text in ENV_FIXED:
-        seen.setdefault(name, text)
+        seen[name] = text
     order = [*ENV_NOTES, *(name for name, _ in ENV_FIXED)]
     return sorted(
         seen.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order)

@@ -243,7 +243,8 @@ STORED_CLAIM = (
 
 
 def _table_order(schema: typing.Any) -> list[typing.Any]:
-    return [schema.runs, schema.attempts, schema.jobs, schema.meta]
+    return [schema.runs, schema.attempts, schema.jobs, schema.meta, schema.leases,
+            schema.lead_terms, schema.lead_candidates]
 
 
 def json_page() -> str:

@@ -60,6 +60,14 @@ failed period again. `once status`, `once history`, `once check`, `once metrics`
 `once serve` (a read-only dashboard, `/metrics` for Prometheus and `/healthz`) make absence
 loud; `once logs` prints what an attempt said, the tail of its output kept in the ledger.
 
+Work that is not a period's, an application's own scheduler (Celery beat, APScheduler,
+node-cron) that every replica of the application starts, runs under `once lead --name`
+<NAME>: every replica runs the same line, one of them holds a lease on <NAME> in the ledger
+and runs the command, and the others wait as candidates and take over when it stops (within
+about a second) or dies (within `--lease`). The command gets SIGTERM `--kill-after` before
+the lease's deadline and SIGKILL at it when renewals fail, even if `once` itself is stopped
+or killed, and `ONCE_TERM`, a fencing token that grows with every new leader.
+
 The table `once_runs` is public, for monitoring to read: `job` and `period` (the primary key),
 `status` (`running`, `done` or `failed`), `attempt` (from 1), `fence`, `owner` (host name and
 process id, or `ONCE_OWNER`), `period_start` and `period_end`, `started_at`, `heartbeat_at` and
@@ -158,6 +166,31 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
         ),
     ),
     (
+        "once lead",
+        "",
+        (
+            ("the command's status", "The command ran while `once lead` led, and ended "
+                                     "(128+<N> when signal <N> ended it, a SIGTERM that `once "
+                                     "lead` received and forwarded among them; 137 when it had "
+                                     "to be killed); the lease was then released (where the "
+                                     "ledger could not be written, it runs out by itself)."),
+            ("0", "Stopped by SIGTERM, SIGINT or SIGHUP while a candidate: nothing was run."),
+            ("2", "Usage: a bad option or name, a `--lease` outside 3s to 1 year or a "
+                  "`--kill-after` that does not fit it, no COMMAND (or one with `--retire`), "
+                  "`--retire` of a name the ledger does not have, or no ledger named in a "
+                  "container (FILES); nothing was sent to the ledger."),
+            ("69", "`--retire` refused: a leader holds the name."),
+            ("70", "The lease was lost while the command ran: another holder took it, or no "
+                   "renewal succeeded in time (the ledger unreachable, `once lead` stopped "
+                   "past its deadline). The command was stopped: SIGTERM `--kill-after` "
+                   "before the deadline (at once when the lease was found taken), SIGKILL at "
+                   "it. With `--rejoin` it stands as a candidate again instead."),
+            ("75", "`--retire` could not reach the ledger. An unreachable ledger never ends "
+                   "`once lead` otherwise: a candidate keeps trying (every 5 s at most), a "
+                   "leader loses its lease (70)."),
+        ),
+    ),
+    (
         "once serve",
         "0 when SIGTERM or SIGINT stopped it; 2 on a usage error, an address it cannot listen "
         "on included. An unreachable ledger never stops it: its pages say so and `/healthz` "
@@ -218,9 +251,10 @@ ENV_FIXED = (
     ),
     (
         "ONCE_OWNER",
-        "Who runs the attempt, as recorded in the ledger's `owner` column and shown "
-        "by `once status` (a Kubernetes pod's name, say): 1 to 255 printable UTF-8 "
-        "characters, else a usage error. Default: the host name and process id.",
+        "Who runs the attempt or holds the lease, as recorded in the ledger's `owner` "
+        "columns and shown by `once status` (a Kubernetes pod's name, say); `once lead "
+        "--owner` wins over it: 1 to 255 printable UTF-8 characters, else a usage error. "
+        "Default: the host name and process id.",
     ),
     (
         "KUBERNETES_SERVICE_HOST",
@@ -273,6 +307,16 @@ CHILD_ENV = (
                          "0600, removed after the hook) holding its last `--output-tail` "
                          "bytes as the command wrote them (unset where it cannot be "
                          "written: a full or read-only temporary directory)."),
+    ("ONCE_LEAD", "`once lead`'s command: the lead name as stored "
+                  "(<NS>`:`<NAME> with `--namespace`)."),
+    (
+        "ONCE_TERM",
+        "`once lead`'s command: the term, the leader's fencing token, an integer larger "
+        "than every term of the name before it (on PostgreSQL, across a failover too: at "
+        "least (timeline - 1) * 2^32). Store it with the leader's writes (a 64-bit integer) "
+        "and refuse a write that carries a smaller one: only that stops a leader that was "
+        "paused past its lease.",
+    ),
 )
 
 CHILD_ENV_INTRO = """\
@@ -281,7 +325,8 @@ standard input passed through, standard output and error passed through or relay
 (where they are not a terminal; their last `--output-tail` bytes are kept in the ledger) and
 these variables added to its environment. A `once` that the command or a hook starts is not
 changed by any of them: none is a variable `once` reads, and an outer run's are replaced or
-removed, never passed on:
+removed, never passed on. `once lead` runs its command the same way, its output passed
+through and not kept, with `ONCE_LEAD` and `ONCE_TERM` alone:
 """
 
 FILES = (
@@ -421,6 +466,14 @@ MAILTO=ops@example.com
         "(`curl -H \"Authorization: Bearer $(cat token)\" http://host:8321/metrics`):",
         """\
 once serve --listen 0.0.0.0:8321 --token-file /etc/once/serve-token
+""",
+    ),
+    (
+        "An application's scheduler, started on every replica and run by one at a time: when "
+        "the leader stops, a candidate takes over within about a second, and within the lease "
+        "(15 s) when it dies:",
+        """\
+once lead --name beat -- celery -A app beat
 """,
     ),
     (
