@@ -198,9 +198,6 @@ def test_the_python_api_leads_one_process_and_sets_lost(ledger_url: str,
                                                         tmp_path: Path) -> None:
     import sys
 
-    from once.ledger import open_ledger, parse_url
-    from once.ledger.leases import Leases
-
     first = subprocess.Popen([sys.executable, "-c", API_LEADER, ledger_url],
                              stdout=subprocess.PIPE, text=True)
     second = None
@@ -211,14 +208,11 @@ def test_the_python_api_leads_one_process_and_sets_lost(ledger_url: str,
                                   stdout=subprocess.PIPE, text=True)
         time.sleep(1.5)  # it stands as a candidate meanwhile
         assert second.poll() is None
-        # Another holder takes the lease (as after an expiry): the leader's next renewal
-        # finds it gone, and `lost` is set well within the lease.
-        with open_ledger(parse_url(ledger_url)) as ledger:
-            leases = Leases(ledger)
-            stolen = time.monotonic()
-            assert leases.release("scheduler", _holder_of(ledger_url), 1)
-            won = leases.acquire("scheduler", "thief", "thief", 60.0)
-            assert won is not None and won[0] == 2
+        # Another holder takes the lease (as after an expiry; on SQLite the leader's OS
+        # lock keeps every other acquire out, so it is written by hand): the leader's next
+        # renewal finds it gone, and `lost` is set well within the lease.
+        stolen = time.monotonic()
+        _steal(ledger_url)
         assert first.stdout.readline().strip() == "lost"
         assert time.monotonic() - stolen < 3.0 + 2.0
         assert first.wait(timeout=30) == 0
@@ -229,73 +223,9 @@ def test_the_python_api_leads_one_process_and_sets_lost(ledger_url: str,
                 proc.wait()
 
 
-def _holder_of(ledger_url: str) -> str:
-    from once.ledger import parse_url
-    from once.ledger.dialects import of
+def _steal(ledger_url: str) -> None:
+    from once.ledger import open_ledger, parse_url
 
-    target = parse_url(ledger_url)
-    backend = of(target)
-    conn = backend.report_connection(target)
-    try:
-        rows = backend.fetch(conn, "SELECT holder FROM once_leases WHERE name = %(n)s",
-                             {"n": "scheduler"})
-    finally:
-        conn.close()
-    return str(rows[0][0])
-
-
-@pytest.mark.slow
-def test_a_leader_cut_off_from_its_ledger_is_stopped_by_its_deadline(
-        backend: object, ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
-    from silent_relay import SilentRelay, tcp_upstream
-
-    upstream = tcp_upstream(ledger_url)
-    if upstream is None:
-        pytest.skip("a ledger reached over TCP (SQLite and a socket have no network to cut)")
-    relay = SilentRelay(upstream)
-    log = tmp_path / "children.log"
-    leader = start_lead({**once_env, "ONCE_DATABASE_URL": relay.url_for(ledger_url)}, log)
-    procs = [leader]
-    try:
-        _, _, kid = leader_of(procs, log)
-        procs.append(start_lead(once_env, log))
-        time.sleep(1.5)  # a renewal or two through the relay
-        cut_at = time.monotonic()
-        relay.silent.set()
-        # Its last successful renewal was sent at most a third of the lease before the cut.
-        dead_by(kid, cut_at + LEASE)
-        _, _, new_kid = leader_of(procs, log, since=cut_at)
-        assert new_kid != kid
-        assert leader.wait(timeout=120) == 70
-    finally:
-        relay.close()
-        stop_all(procs)
-    judge(log)
-
-
-def test_sqlite_a_host_clock_stepped_forward_takes_no_live_leader_over(
-        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
-    if not ledger_url.startswith("sqlite"):
-        pytest.skip("SQLite: the ledger's clock is this host's")
-    import libfaketime
-
-    library = os.path.join(os.path.dirname(libfaketime.__file__), "vendor", "libfaketime",
-                           "src", "libfaketime.so.1")
-    log = tmp_path / "children.log"
-    leader = start_lead(once_env, log)
-    ahead = None
-    try:
-        _, _, kid = leader_of([leader], log)
-        # A candidate whose clock is an hour ahead: to its SQLite, the lease ran out long ago.
-        ahead = start_lead({**once_env, "LD_PRELOAD": library, "FAKETIME": "+1h",
-                            "DONT_FAKE_MONOTONIC": "1"}, log)
-        time.sleep(LEASE + 1.0)
-        assert leading_children(log, time.monotonic() - 0.5) == {(1, kid)}
-        # Its leader stopped: the guard stops the child by the deadline and lets the lock go.
-        os.kill(leader.pid, signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        dead_by(kid, stopped_at + LEASE)
-        leader_of([ahead], log, since=stopped_at)
-    finally:
-        stop_all([p for p in (leader, ahead) if p is not None])
-    judge(log)
+    with open_ledger(parse_url(ledger_url)) as ledger:
+        ledger.connect()
+        ledger._write("UPDATE once_leases SET holder = 'thief', term = term + 1", {})
