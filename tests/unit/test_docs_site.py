@@ -183,6 +183,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
          "--until", "2026-02-01", "--", "true")  # January 4 to 31 missing: a range line
     once(env, "run", "--job", "weekly", "--every", "week", "--max-attempts", "1", "--",
          "sh", "-c", "echo it broke; exit 3", check=False)
+    once(env, "lead", "--name", "beat", "--", "true")  # a lead name: one term, released
     marker = tmp / "running"
     proc = subprocess.Popen([sys.executable, "-m", "once", "run", "--job", "hourly",
                              "--every", "hour", "--", "sh", "-c", f"touch {marker}; sleep 60"],
@@ -195,6 +196,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             "timeline": once(env, "status", "daily", "--json", "--timeline"),
             "check": once(env, "check", "--json", check=False),
             "history": once(env, "history", "weekly", "--json"),
+            "leads": once(env, "status", "--leads", "--json"),
+            "terms": once(env, "history", "--lead", "beat", "--json"),
             "logs": once(env, "logs", "weekly", "--json"),
             "metrics": once(env, "metrics"),
         }
@@ -231,6 +234,10 @@ def test_the_json_documents_are_the_documented_ones(fleet: dict[str, str]) -> No
     for entry in json.loads(fleet["history"]):
         _check_keys(documents.HistoryEntry, entry, "once history --json")
     _check_keys(documents.LogsEntry, json.loads(fleet["logs"]), "once logs --json")
+    [lead] = json.loads(fleet["leads"])
+    _check_keys(documents.StatusLead, lead, "once status --leads --json")
+    [term] = json.loads(fleet["terms"])
+    _check_keys(documents.LeadTerm, term, "once history --lead NAME --json")
 
 
 def test_the_metrics_have_the_documented_labels(fleet: dict[str, str]) -> None:

@@ -317,7 +317,9 @@ def metrics_page() -> str:
     out = [GENERATED.format(source="src/once/report/metrics.py"), "# Metrics", "",
            "`once metrics` and `once serve`'s `/metrics`, in the Prometheus text exposition "
            "format; one sample a job (per label set), labelled `once_job` (not `job`, which "
-           "Prometheus keeps for the scrape job).", "",
+           "Prometheus keeps for the scrape job); the `once_lead_` metrics one sample a lead "
+           "name of `once lead`, labelled `lead` (a name retired with `once lead --retire` "
+           "has none).", "",
            "| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
     for name, kind, help_text in METRICS:
         labels = ", ".join(f"`{label}`" for label in LABELS.get(name, JOB_LABEL))

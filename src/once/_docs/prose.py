@@ -153,11 +153,15 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
                 "due once the end of period <P>+<L> plus `--grace` has passed; a live attempt "
                 "of a due period that has run longer than the period lasts, plus `--grace`, is "
                 "overrun (a hung or slow run; a rerun or a catch-up of an old period is not, "
-                "as it starts).",
+                "as it starts). Also a lead name of `once lead` that has had no leader for "
+                "longer than its `--lease` plus `--grace`, counted from when the last "
+                "holder's lease ran out or was released (leaderless: no candidate took over); "
+                "a name retired with `once lead --retire` is not watched.",
             ),
             (
                 "3",
-                "UNKNOWN: no job has run in the ledger at all, most often because it is not "
+                "UNKNOWN: no job (nor lead name) has run in the ledger at all, most often "
+                "because it is not "
                 "the ledger the jobs use (`ONCE_DATABASE_URL` set in a shell but not in the "
                 "crontab); or the ledger read is a PostgreSQL standby further behind its "
                 "primary than `--grace` (at least a second), or by a time it cannot tell. "

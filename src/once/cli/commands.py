@@ -310,24 +310,33 @@ GRACE = Grace()
                    "days, 7 days of hours, 6 hours of minutes, 60 other periods].")
 @click.option("--wide", is_flag=True, help="On a terminal, every column in full, however "
               "wide (a pipe always gets them).")
+@click.option("--leads", is_flag=True, help="Show the lead names (once lead) alone; with "
+              "--json, print their array.")
 def status(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
            namespace: str | None, as_json: bool, timeline: bool, last: int | None,
-           wide: bool) -> int:
+           wide: bool, leads: bool) -> int:
     """Show each job: schedule, last done period, what runs now, failed and missing periods,
     whether the current period is done (NOW), and the next.
 
     Missing periods are due (the period after it, plus --lag periods, has ended) but have no
     done row, no failed row and no live attempt, from the job's first claim on. On a
     terminal the table fits its width: short times, fewer columns (--wide: all of them).
+
+    Under the jobs, a table of the lead names of once lead: LEADER (who holds it, or how long
+    none has), TERM, SINCE (when it took the lease), RENEWED (its last renewal, by the
+    database's clock), LEASE and CANDIDATES (waiting). --json prints the jobs alone, as ever;
+    --leads --json the lead names. A NAME given is a job's or a lead name.
     """
     from once import report
 
     if last is not None and not timeline:
         raise click.UsageError("--last goes with --timeline")
+    if leads and timeline:
+        raise click.UsageError("--timeline draws jobs' periods: it does not go with --leads")
     for job in jobs:
         limits.stored_name(job, namespace)  # a usage error for a bad name
     return report.status(open_target(db, db_password_file), jobs, namespace, as_json,
-                         timeline=timeline, last=last, wide=wide)
+                         timeline=timeline, last=last, wide=wide, leads_only=leads)
 
 
 @cli.command()
@@ -338,22 +347,30 @@ def status(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
 @click.option("--period", "key", metavar="P", help="Only the attempts at this period of JOB: "
               "a key, a date or an instant, as catchup --since takes them.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object an "
-              "attempt.")
+              "attempt (with --lead, a term).")
+@click.option("--lead", is_flag=True, help="JOB is a lead name (once lead): show its terms, "
+              "also where a job has the same name.")
 def history(job: str | None, db: str | None, db_password_file: str | None,
-            namespace: str | None, limit: int | None, key: str | None, as_json: bool) -> int:
+            namespace: str | None, limit: int | None, key: str | None, as_json: bool,
+            lead: bool) -> int:
     """Show every attempt of JOB, newest first: period, attempt, fence, owner, times, outcome,
     exit status, rerun reason and, for a failed attempt, the last line of its output.
 
-    Without JOB, the latest attempts of every job (of --namespace), newest first."""
+    Without JOB, the latest attempts of every job (of --namespace), newest first. Of a lead
+    name of once lead (--lead, or a name no job has), its terms, newest first: who held it,
+    from when to when (UTC), and how each ended: released, lost (its holder stepped down) or
+    expired (its lease ran out unrenewed)."""
     from once import report
 
     target = open_target(db, db_password_file)
+    if lead and (job is None or key is not None):
+        raise click.UsageError("--lead takes a NAME and no --period: once history --lead NAME")
     if job is None:
         if key is not None:
             raise click.UsageError("--period goes with JOB: once history JOB --period P")
         return report.fleet_history(target, namespace, limit or 20, as_json)
     return report.history(target, limits.stored_name(job, namespace), limit or 50, as_json,
-                          period=key)
+                          period=key, lead=lead)
 
 
 @cli.command()
@@ -388,11 +405,14 @@ def check(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
           namespace: str | None, grace: float, as_json: bool) -> int:
     """Audit the ledger for monitoring: exit 0 all due periods done, 1 a stale heartbeat,
     2 a due period missing, failed or held by a live attempt that has run longer than the
-    period lasts, plus --grace (overrun), a period failed with no attempts left, or a JOB named that has never run, 3 (UNKNOWN) no job in
-    the ledger at all (the wrong ledger?) or a PostgreSQL standby lagging past --grace.
+    period lasts, plus --grace (overrun), a period failed with no attempts left, a lead name
+    (once lead) without a leader for longer than its lease plus --grace (leaderless), or a
+    JOB named that is neither a job nor a lead name, 3 (UNKNOWN) no job or lead name in the
+    ledger at all (the wrong ledger?) or a PostgreSQL standby lagging past --grace.
 
-    Each finding is one line on stdout, `SEVERITY JOB PERIOD PROBLEM (DETAILS)`, most severe
-    first; `OK ...` naming the ledger when there is none.
+    Each finding is one line on stdout, `SEVERITY JOB PERIOD PROBLEM (DETAILS)` (a lead
+    name's: `CRITICAL NAME - leaderless (DETAILS)`), most severe first; `OK ...` naming the
+    ledger when there is none.
     """
     from once import report
 
@@ -435,9 +455,9 @@ def metrics(db: str | None, db_password_file: str | None, namespace: str | None)
 def serve(listen: str, db: str | None, db_password_file: str | None, namespace: str | None,
           refresh: float, read_timeout: float, token_file: str | None,
           allow_host: tuple[str, ...]) -> int:
-    """Serve the ledger read-only over HTTP: / (every job, problems first), /job/NAME,
-    /metrics (as once metrics), /api/status (as once status --json; ?limit=N&offset=M for a
-    page) and /healthz.
+    """Serve the ledger read-only over HTTP: / (every job, problems first, and the lead
+    names), /job/NAME, /metrics (as once metrics), /api/status (as once status --json;
+    ?limit=N&offset=M for a page), /api/leads (as once status --leads --json) and /healthz.
 
     Nothing it serves changes the ledger. It answers only requests whose Host header names
     it (--allow-host), so that a web page cannot read it through DNS rebinding. It runs until

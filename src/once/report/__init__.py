@@ -38,6 +38,7 @@ The parts, each importing only those above it:
 * render: durations in words, table cells (whole and compact), plain tables, `status --json`
   objects; screen: the tables of a terminal, fitted to its width (rich);
 * check: `once check`'s findings; metrics: `once metrics`' exposition (both pure);
+* leads: the lead names of `once lead` in each of them (their reads, last in a snapshot);
 * commands: the four commands, each one snapshot read, judged and printed.
 
 once.gaps (the gap finder) stays outside: `once run --catchup` imports it, never this package.
@@ -61,6 +62,14 @@ from once.report.commands import (
     metrics,
     metrics_text,
     status,
+)
+from once.report.leads import (
+    LeadFigures,
+    lead_findings,
+    lead_objects,
+    overdue,
+    read_figures,
+    read_leads,
 )
 from once.report.metrics import exposition
 from once.report.model import (
@@ -100,6 +109,7 @@ __all__ = [
     "AttemptCounts",
     "Finding",
     "JobState",
+    "LeadFigures",
     "NoLedger",
     "RunRow",
     "age",
@@ -116,11 +126,16 @@ __all__ = [
     "holders",
     "job_zone",
     "last_line",
+    "lead_findings",
+    "lead_objects",
     "metrics",
     "metrics_text",
     "oldest_gaps",
+    "overdue",
     "period_keys",
     "plain_table",
+    "read_figures",
+    "read_leads",
     "reading",
     "say",
     "status",

@@ -1,11 +1,13 @@
 """The JSON documents the reports print, as one typed definition: `once status --json` (and
-`once serve`'s `/api/status`, the same array), `once check --json`, `once history --json` and
-`once logs --json`. Each key carries its meaning (Annotated), from which docs/reference/json.md
+`once serve`'s `/api/status`, the same array), `once status --leads --json` (and
+`/api/leads`), `once check --json`, `once history --json` (and `--lead`'s) and `once logs
+--json`. Each key carries its meaning (Annotated), from which docs/reference/json.md
 is generated (`make man`); tests/unit/test_docs_site.py runs the real commands and fails when a
 key they print is not here, or a key here is never printed. NotRequired: printed only where it
 applies.
 
-Times are ISO 8601 in the job's zone, with their offset; durations (`_s`) are seconds.
+Times are ISO 8601 in the job's zone, with their offset (a lead name's: in UTC); durations
+(`_s`) are seconds.
 
 Imports only typing: nothing on the hot path reads it. No `from __future__ import annotations`:
 TypedDict tells NotRequired keys only from evaluated annotations.
@@ -124,11 +126,15 @@ class CheckFinding(TypedDict):
 
     severity: Annotated[str, "`CRITICAL`, `WARNING` or `UNKNOWN`"]
     status: Annotated[int, "the exit status it stands for, 0 to 3"]
-    job: Annotated[str | None, "the job; null for the ledger as a whole"]
+    job: Annotated[str | None, "the job; null for a lead name's finding (`lead`) and for the "
+                   "ledger as a whole"]
     period: Annotated[str | None, "the period's key; null for the job as a whole"]
     problem: Annotated[str, "`missing`, `failed`, `failed-out`, `stale`, `overrun`, "
                        "`unreadable` (a stored schedule that cannot be rebuilt), `unknown`, "
-                       "`empty` or `standby`"]
+                       "`empty`, `standby`, `not-ready` (a server that cannot answer for the "
+                       "ledger: a Galera node outside the Primary component) or "
+                       "`leaderless` (a lead name without a leader "
+                       "past its lease plus `--grace`)"]
     detail: Annotated[str | None, "what the line says in parentheses"]
     line: Annotated[str, "the finding as `once check` prints it"]
     ledger: Annotated[str, "the ledger read, its password replaced by `***`"]
@@ -143,9 +149,61 @@ class CheckFinding(TypedDict):
     running_s: NotRequired[Annotated[float, "how long it has run (overrun)"]]
     replay_lag_s: NotRequired[Annotated[float | None, "a standby's lag; null when unknown "
                                         "(standby)"]]
+    lead: NotRequired[Annotated[str, "the lead name (leaderless)"]]
+    term: NotRequired[Annotated[int, "its last term (leaderless)"]]
+    leaderless_s: NotRequired[Annotated[float, "how long it has had no leader, since the "
+                                        "last holder's lease ran out or was released "
+                                        "(leaderless)"]]
+    lease_s: NotRequired[Annotated[float, "the `--lease` of its last term (leaderless)"]]
+    candidates: NotRequired[Annotated[int, "candidates waiting (leaderless)"]]
     count: NotRequired[Annotated[int, "on a range line: how many more periods"]]
     first: NotRequired[Annotated[str, "on a range line: the first of them"]]
     last: NotRequired[Annotated[str, "on a range line: the last of them"]]
+
+
+class StatusLead(TypedDict):
+    """`once status --leads --json` prints an array of these, one a lead name of `once lead`
+    (by name); `/api/leads` too. A name retired with `once lead --retire` is in none."""
+
+    lead: Annotated[str, "the stored name (with its namespace)"]
+    held: Annotated[bool, "a leader holds it now: its lease has not run out, by the "
+                    "database's clock"]
+    owner: Annotated[str | None, "the leader's name (its `--owner`, `ONCE_OWNER`, or host "
+                     "name and process id); null when none holds it"]
+    term: Annotated[int, "the latest term (the leader's, or the last one's): larger than "
+                    "every term of the name before it"]
+    lease_s: Annotated[float, "that term's `--lease`"]
+    leading_since: Annotated[str | None, "when the leader took the lease; null when none "
+                             "holds it"]
+    renewed_at: Annotated[str | None, "its last renewal, by the database's clock; null when "
+                          "none holds it"]
+    expires_at: Annotated[str, "when the lease runs out unless renewed; when none holds it, "
+                          "when it ran out or was released"]
+    leaderless_s: Annotated[float, "how long it has had no leader since then; 0 while one "
+                            "holds it (`once check` reports it past `lease_s` plus "
+                            "`--grace`)"]
+    candidates: Annotated[int, "candidates waiting for the lease"]
+    ledger: Annotated[str, "the ledger read, its password replaced by `***`"]
+    standby: Annotated[Standby | None, "null, or the standby the ledger read is"]
+
+
+class LeadTerm(TypedDict):
+    """`once history --lead NAME --json` (and `once history NAME --json` of a name no job
+    has) prints an array of these, one a term, newest first."""
+
+    lead: Annotated[str, "the stored name"]
+    term: Annotated[int, "the term (`ONCE_TERM` of its command)"]
+    owner: Annotated[str, "who held it"]
+    lease_s: Annotated[float, "its `--lease`"]
+    started_at: Annotated[str, "when its holder took the lease"]
+    ended_at: Annotated[str | None, "when it ended; null while it lasts, or when its end was "
+                        "not seen (a name retired after its lease ran out)"]
+    ended: Annotated[str | None, "how it ended: `released` (its command ended, or `once lead` "
+                     "was stopped), `lost` (its holder could not renew and stepped down) or "
+                     "`expired` (its lease ran out unrenewed: the holder died, hung or was "
+                     "cut off); null while it lasts"]
+    held_s: Annotated[float | None, "how long it was held (so far, while it lasts); null when "
+                      "its end was not seen"]
 
 
 class HistoryEntry(Attempt):
@@ -176,7 +234,9 @@ class LogsEntry(HistoryEntry):
 # The documents, in the order the reference shows them: (title, the type).
 DOCUMENTS: tuple[tuple[str, type], ...] = (
     ("once status --json", StatusJob),
+    ("once status --leads --json", StatusLead),
     ("once check --json", CheckFinding),
     ("once history --json", HistoryEntry),
+    ("once history --lead NAME --json", LeadTerm),
     ("once logs --json", LogsEntry),
 )

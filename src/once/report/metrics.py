@@ -1,11 +1,13 @@
 """`once metrics`' text: the Prometheus text exposition format of the jobs' states and
-attempt counts (pure: no database, no output).
+attempt counts, and of the lead names (`once lead`: once.report.leads) (pure: no database, no
+output).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from once.report.leads import LeadFigures
 from once.report.model import AttemptCounts, JobState
 
 METRICS = [
@@ -37,23 +39,42 @@ METRICS = [
      "Live attempts of a due period that have run longer than the period lasts: hung runs."),
     ("once_oldest_running_seconds", "gauge",
      "How long the job's oldest running attempt has run (0 when none runs)."),
+    ("once_lead_term", "gauge",
+     "The lead name's latest term (its fencing token): held now, or the last one held."),
+    ("once_lead_changes_total", "counter",
+     "Terms begun: each time a candidate took the lease, the first time included."),
+    ("once_lead_leaderless_seconds", "gauge",
+     "How long the name has been without a leader now, since the last holder's lease ran "
+     "out or was released (0 while one holds it)."),
+    ("once_lead_leaderless_time_seconds_total", "counter",
+     "Seconds the name has been without a leader since its first term began, by its terms "
+     "in the ledger (and now)."),
+    ("once_lead_lease_seconds", "gauge", "The --lease of its latest term."),
+    ("once_lead_candidates", "gauge",
+     "Candidates waiting for the lease (seen within three of their intervals)."),
 ]
 
 # Each metric's labels, as _job_samples gives them: `once_job` (not `job`, which Prometheus
 # keeps for the scrape job), and more where named here (docs/reference/metrics.md; the test
-# suite reads a real exposition against it).
-LABELS = {"once_job_info": ("once_job", "kind", "schedule", "tz"),
-          "once_runs_total": ("once_job", "status")}
+# suite reads a real exposition against it). A lead name's (once_lead_...) are labelled `lead`.
+LABELS: dict[str, tuple[str, ...]] = {
+    "once_job_info": ("once_job", "kind", "schedule", "tz"),
+    "once_runs_total": ("once_job", "status"),
+    **{name: ("lead",) for name, _, _ in METRICS if name.startswith("once_lead_")}}
 JOB_LABEL = ("once_job",)
 
 Sample = tuple[dict[str, str], float]  # (labels, value)
 
 
-def exposition(states: Sequence[JobState], counts: dict[str, AttemptCounts]) -> str:
+def exposition(states: Sequence[JobState], counts: dict[str, AttemptCounts],
+               leads: Sequence[LeadFigures] = ()) -> str:
     """The text exposition format: HELP and TYPE once per metric, then its samples."""
     samples: dict[str, list[Sample]] = {m[0]: [] for m in METRICS}
     for s in states:
         for name, sample in _job_samples(s, counts.get(s.name, AttemptCounts())):
+            samples[name].append(sample)
+    for figures in leads:
+        for name, sample in _lead_samples(figures):
             samples[name].append(sample)
     lines = []
     for name, kind, help_text in METRICS:
@@ -93,6 +114,17 @@ def _job_samples(s: JobState, c: AttemptCounts) -> list[tuple[str, Sample]]:
             ("once_oldest_running_seconds",
              (job, round(max((s.running_for(r) for r in running), default=0.0), 3)))]
     return out
+
+
+def _lead_samples(f: LeadFigures) -> list[tuple[str, Sample]]:
+    """A lead name's samples, by metric name."""
+    lead = {"lead": f.lead.name}
+    return [("once_lead_term", (lead, f.lead.term)),
+            ("once_lead_changes_total", (lead, f.changes)),
+            ("once_lead_leaderless_seconds", (lead, round(f.lead.leaderless_for, 3))),
+            ("once_lead_leaderless_time_seconds_total", (lead, round(f.leaderless_total, 3))),
+            ("once_lead_lease_seconds", (lead, f.lead.lease_seconds)),
+            ("once_lead_candidates", (lead, f.lead.candidates))]
 
 
 def _escape_label(value: str) -> str:

@@ -11,7 +11,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from once.escape import shown
 from once.ledger import Target
@@ -151,9 +151,20 @@ def _running_cell(s: JobState, key: Callable[[str], str] = str) -> Cell:
     return (text, "bold yellow" if any(s.is_stale(x) for x in running) else "cyan")
 
 
+class Fitted(NamedTuple):
+    """A table drawn under the jobs' (the lead names', once.report.leads): its headers, its
+    rows whole and compact, and the columns a narrow terminal loses first."""
+
+    headers: Sequence[str]
+    rows: Sequence[Sequence[Cell]]
+    compact: Sequence[Sequence[Cell]]
+    drop: Sequence[str]
+
+
 def render_status(states: Sequence[JobState], now: datetime, target: Target,
-                  standby: str = "", wide: bool = False) -> None:
-    """The status table: in a pipe plain and whole; on a terminal fitted to its width
+                  standby: str = "", wide: bool = False, more: Sequence[Fitted] = ()) -> None:
+    """The status table (none without jobs), then the `more` tables, then the ledger: in a
+    pipe plain and whole, one blank line between them; on a terminal fitted to its width
     (once.report.screen) unless wide. standby: how the ledger read is a standby's copy
     ('' for a primary's)."""
     # which ledger: the wrong one (or a standby far behind) looks empty or stale
@@ -161,10 +172,12 @@ def render_status(states: Sequence[JobState], now: datetime, target: Target,
     if tty():
         from once.report import screen
 
-        screen.status_table(states, now, caption, wide)
+        screen.status_table(states, now, caption, wide, more)
     else:
-        rows = [status_cells(s, now) for s in states]
-        write_line(plain_table(STATUS_HEADERS, rows) + "\n\n" + shown(caption))
+        tables = [plain_table(STATUS_HEADERS, [status_cells(s, now) for s in states])
+                  ] if states else []
+        tables += [plain_table(t.headers, t.rows) for t in more]
+        write_line("\n\n".join([*tables, shown(caption)]))
 
 
 HISTORY_HEADERS = ["PERIOD", "ATTEMPT", "FENCE", "OWNER", "STARTED", "FINISHED", "TOOK",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from once.escape import shown
 from once.report.model import JobState
-from once.report.render import STATUS_HEADERS, Cell, status_cells
+from once.report.render import STATUS_HEADERS, Cell, Fitted, status_cells
 from once.secrets import scrub
 
 if TYPE_CHECKING:
@@ -32,16 +32,23 @@ CUT_ROOM = 24  # what a cut column (history's LAST LINE) is given, at least, whe
 
 
 def status_table(states: Sequence[JobState], now: datetime, caption: str,
-                 wide: bool = False) -> None:
-    """`once status` on a terminal: as wide as it fits (see the module's docstring); the
-    caption under it, wrapped to the terminal."""
+                 wide: bool = False, more: Sequence[Fitted] = ()) -> None:
+    """`once status` on a terminal: as wide as it fits (see the module's docstring), the
+    `more` tables (the lead names') under it (none without jobs); the caption under them,
+    wrapped to the terminal."""
     from rich.console import Console
     from rich.text import Text
 
     hidden = print_fitted(STATUS_HEADERS, [status_cells(s, now) for s in states],
                           [status_cells(s, now, compact=True) for s in states], DROP_ORDER,
-                          job_column=0, wide=wide)
+                          job_column=0, wide=wide) if states else []
     console = Console(highlight=False)
+    for table in more:
+        if states or table is not more[0]:
+            console.print()
+        hidden += [h for h in print_fitted(table.headers, table.rows, table.compact,
+                                           table.drop, job_column=0, wide=wide)
+                   if h not in hidden]
     console.print(Text(scrub(shown(caption)), overflow="fold"))
     if hidden:
         console.print(Text(f"hidden at this width: {', '.join(hidden)} (--wide shows them)"))

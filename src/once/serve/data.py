@@ -8,8 +8,9 @@ answering (stopped, hung, partitioned) fails the read instead of holding it. Unl
 commands, a read never creates or upgrades the ledger's tables: `once serve` changes nothing.
 
 The data come from once.report's functions, so that the pages say what the commands say:
-`/metrics` is `once metrics`, `/api/status` is `once status --json`, a job's page holds
-`once history`, `once check` and `once status --timeline`.
+`/metrics` is `once metrics`, `/api/status` is `once status --json`, `/api/leads` is `once
+status --leads --json`, a job's page holds `once history`, `once check` and `once status
+--timeline`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from once.ledger import LedgerError, Target, describe, dialects, engines, newer_
 from once.ledger import schema as tables
 from once.ledger.engines import serve_engine
 from once.ledger.fleet import NoLedger, Snapshot, Standby
+from once.ledger.leases import Lead
 from once.ledger.watchdog import ReadWatchdog
 from once.periods import Period
 
@@ -45,6 +47,7 @@ class Fleet:
     shown: list[report.JobState] | None = None  # the jobs pick picked (None: no pick)
     metrics: str = ""
     standby: Standby | None = None  # the ledger read is a standby's copy
+    leads: list[Lead] = field(default_factory=list)  # the lead names (of the namespace)
 
 
 @dataclass
@@ -89,11 +92,29 @@ def read_fleet(target: Target, namespace: str | None, timeout: float,
                 fleet.shown = shown if pick else None
                 report.complete(snap, shown)
                 fleet.strips = report.timelines(snap, shown, STRIP)
+            # The lead names last: their read may end the snapshot (once.report.leads).
             if metrics:
-                fleet.metrics = report.metrics_text(conn, states)
+                counts = report.attempt_counts(conn, [s.name for s in states])
+                figures = report.read_figures(snap, namespace)
+                fleet.leads = [f.lead for f in figures]
+                fleet.metrics = report.exposition(states, counts, figures)
+            else:
+                fleet.leads = report.read_leads(snap, None, namespace)
             return fleet
     except NoLedger:
         return Fleet(datetime.now(UTC), metrics=report.exposition([], {}))
+
+
+def read_leads(target: Target, namespace: str | None,
+               timeout: float) -> tuple[list[Lead], Standby | None]:
+    """The lead names (of the namespace), for `/api/leads`; none on an absent ledger."""
+    try:
+        with read_only(target, timeout) as conn:
+            snap = Snapshot.over(conn, target)
+            standby = snap.standby()
+            return report.read_leads(snap, None, namespace), standby
+    except NoLedger:
+        return [], None
 
 
 def read_job(target: Target, name: str, timeout: float, limit: int = 100) -> JobPage | None:

@@ -6,6 +6,7 @@ and its answer.
     /logs/NAME   an attempt's output, ?period=P&attempt=N as `once logs` takes them (HTML)
     /metrics     what `once metrics` prints (Prometheus text format)
     /api/status  what `once status --json` prints, ?state=&name=&limit=&offset= a page of it
+    /api/leads   what `once status --leads --json` prints: the lead names of `once lead`
     /healthz     200 when the ledger answers a read, 503 otherwise (no token needed)
 
 A request whose Host is not one of the server's names is refused first (once.serve.hosts: a
@@ -21,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import json
 import socket
 import threading
 from contextlib import suppress
@@ -148,6 +150,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._metrics()
         if path == "/api/status":
             return self._status(query)
+        if path == "/api/leads":
+            return self._leads()
         page, _, rest = path[1:].partition("/")
         if page in ("job", "logs") and rest and _storable(name := unquote(rest)):
             return self._job(name) if page == "job" else self._logs(name, query)
@@ -230,6 +234,22 @@ class Handler(BaseHTTPRequestHandler):
                               api.error(f"ledger unreachable: {self._why(exc)}"))
         self._send(HTTPStatus.OK, api.JSON, api.body(page, self._ledger()),
                    api.headers(page, wanted))
+
+    def _leads(self) -> None:
+        """The lead names, as `once status --leads --json` prints them."""
+        from once import report
+        from once.serve import data as serve_data
+        from once.serve import status as api
+
+        s = self.server.settings
+        try:
+            leads, standby = self.server.reads.get(("leads",), lambda: serve_data.read_leads(
+                s.target, s.namespace, s.read_timeout))
+        except (LedgerError, Busy) as exc:
+            return self._send(HTTPStatus.SERVICE_UNAVAILABLE, api.JSON,
+                              api.error(f"ledger unreachable: {self._why(exc)}"))
+        self._send(HTTPStatus.OK, api.JSON, json.dumps(
+            report.lead_objects(leads, self._ledger(), standby), indent=2) + "\n")
 
     def _job(self, name: str) -> None:
         from once.serve import data as serve_data

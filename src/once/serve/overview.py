@@ -5,7 +5,8 @@ bookmarked or sent, and a fleet of thousands of jobs reads only the timelines of
 shows (once.serve.data.read_fleet's pick).
 
 Cells come from once.report (status_object, the findings, the timeline's states), escaped by
-html.escape; the page's frame and style are once.serve.pages'.
+html.escape; the page's frame and style are once.serve.pages'. The lead names of `once lead`
+follow the jobs, in a table of their own (as `once status` has them), each with its verdict.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 from once import report
+from once.ledger.leases import Lead
 from once.periods import Period
 from once.report import timeline
+from once.report.leads import LEAD_HEADERS, lead_cells
 from once.report.render import NOW_WORDS
 from once.serve.data import Fleet
 from once.serve.pages import (
@@ -146,8 +149,34 @@ def overview(fleet: Fleet, ledger: str, namespace: str | None, refresh: float,
     else:
         body.append("<p>No job has run against this ledger yet"
                     + (" under this namespace" if namespace else "") + ".</p>")
+    if fleet.leads:
+        body.append(_leads(fleet.leads))
     body.append(footer(fleet.now, refresh))
     return page(heading, "\n".join(body), refresh)
+
+
+_LEADER_CLASS = {"cyan": "run", "yellow": "warn", "bold red": "bad"}
+
+
+def _leads(leads: Sequence[Lead]) -> str:
+    """The lead names: who leads each, since when, its last renewal and candidates; CRITICAL
+    as `once check` (without --grace) says, when none has led it past its lease."""
+    count = f"{len(leads)} lead name{'' if len(leads) == 1 else 's'}"
+    rows = []
+    for lead in leads:
+        sev = report.CRITICAL if report.overdue(lead, 0.0) else report.OK
+        klass = SEVERITY_CLASS[sev]
+        (name, _), (leader, style), *rest = lead_cells(lead)
+        cells = [f'<span class="{_LEADER_CLASS.get(style, "")}">{escape(leader)}</span>',
+                 *(escape(text) for text, _ in rest)]
+        rows.append(f'<tr class="{klass}"><td>{escape(name)}<span class="badge {klass}">'
+                    f"{report.SEVERITY[sev]}</span></td>"
+                    + "".join(f'<td data-label="{escape(h.lower())}">{c}</td>'
+                              for h, c in zip(LEAD_HEADERS[1:], cells, strict=True))
+                    + "</tr>")
+    return (f'<h2 id="leads">{count}</h2>\n<table class="cards leads">\n<thead><tr>'
+            + "".join(f"<th>{escape(h.lower())}</th>" for h in LEAD_HEADERS)
+            + "</tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>")
 
 
 def _form(listing: Listing) -> str:
