@@ -172,3 +172,28 @@ def test_a_host_list_of_the_primary_and_its_replica_is_two_ledgers(
         user.stdout
     assert "read-only for this user: while the first is down, claims there exit 75" \
         in user.stdout
+
+
+def test_a_claim_that_outlasts_a_semi_synchronous_wait_exits_75_and_holds_the_period(
+        replication: Replication, tmp_path: Path) -> None:
+    # What the guide says of a rpl_semi_sync_master_timeout above once's statement bound
+    # (--stale-after 10s: 3.3 s): once gives up on the commit's answer, the commit lands.
+    primary, replica, database = replication
+    url = _url(primary, database)
+    assert run_once("schema", "--db", url, env=_env(tmp_path)).returncode == 0
+    try:
+        primary.execute("SET GLOBAL rpl_semi_sync_master_wait_point = 'AFTER_SYNC'")
+        primary.execute("SET GLOBAL rpl_semi_sync_master_timeout = 15000")
+        primary.execute("SET GLOBAL rpl_semi_sync_master_enabled = ON")
+        replica.execute("STOP SLAVE")  # no replica acknowledges
+        claim = run_once("run", "--db", url, "--job", "held", "--every", "day",
+                         "--stale-after", "10s", "--", "echo", "ran", env=_env(tmp_path))
+        wait_for(lambda: primary.execute("SELECT status FROM once_runs WHERE job = 'held'",
+                                         database) == [("running",)], timeout=60,
+                 what="the claim's commit to land")
+    finally:
+        primary.execute("SET GLOBAL rpl_semi_sync_master_enabled = OFF")
+        primary.execute("SET GLOBAL rpl_semi_sync_master_timeout = 10000")
+        replica.execute("START SLAVE")
+    assert claim.returncode == 75, claim.stdout + claim.stderr
+    assert claim.stdout == "" and "nothing was run" in claim.stderr, claim.stderr

@@ -164,7 +164,9 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
                 "because it is not "
                 "the ledger the jobs use (`ONCE_DATABASE_URL` set in a shell but not in the "
                 "crontab); or the ledger read is a PostgreSQL standby further behind its "
-                "primary than `--grace` (at least a second), or by a time it cannot tell. "
+                "primary than `--grace` (at least a second), or by a time it cannot tell; or the "
+                "server cannot answer for the ledger, a Galera node outside the Primary "
+                "component (`not-ready`). "
                 "The line names the ledger read.",
             ),
         ),

@@ -408,7 +408,8 @@ def check(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
     period lasts, plus --grace (overrun), a period failed with no attempts left, a lead name
     (once lead) without a leader for longer than its lease plus --grace (leaderless), or a
     JOB named that is neither a job nor a lead name, 3 (UNKNOWN) no job or lead name in the
-    ledger at all (the wrong ledger?) or a PostgreSQL standby lagging past --grace.
+    ledger at all (the wrong ledger?), a PostgreSQL standby lagging past --grace, or a
+    Galera node outside the Primary component.
 
     Each finding is one line on stdout, `SEVERITY JOB PERIOD PROBLEM (DETAILS)` (a lead
     name's: `CRITICAL NAME - leaderless (DETAILS)`), most severe first; `OK ...` naming the

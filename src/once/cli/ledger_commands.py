@@ -80,7 +80,8 @@ def prune(db: str | None, db_password_file: str | None, namespace: str | None,
 def doctor(db: str | None, db_password_file: str | None, namespace: str | None,
            output_tail: int, as_json: bool) -> int:
     """Check that the ledger's server can keep the promise: durability, replication,
-    standbys, Galera, limits. One line per finding, `SEVERITY TOPIC WHAT`; exit 0 OK,
+    standbys and replicas, Galera, every host of a host list, limits. One line per finding,
+    `SEVERITY TOPIC WHAT`; what it could not read is a WARNING, never OK; exit 0 OK,
     1 WARNING, 2 CRITICAL (as once check), 75 when the server cannot be read."""
     from once.ledger.server import server_facts
     from once.report import doctor as judging
