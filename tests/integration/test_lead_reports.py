@@ -178,6 +178,7 @@ def test_history_lists_each_term_and_how_it_ended(once_env: dict[str, str],
         first, _ = leases.acquire(name, "h1", "alpha", 30.0)
         assert leases.release(name, "h1", first)  # released
         second, _ = leases.acquire(name, "h2", "beta", 1.0)  # left to run out
+        leases.hand_over()  # beta is gone, and on SQLite the name's OS lock with it
         wait_for(lambda: leases.peek(name).free, what="beta's lease running out")
         third, _ = leases.acquire(name, "h3", "gamma", 30.0)  # beta's term: expired
         assert leases.release(name, "h3", third, "lost")  # stepped down: lost
