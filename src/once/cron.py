@@ -26,6 +26,53 @@ from once.units import clock_key
 
 _MINUTE = timedelta(minutes=1)
 
+# The nicknames Debian's cron and Kubernetes CronJobs take, as the five fields they stand for:
+# the ledger stores the fields (every version of once reads them, and one job fired as
+# `@daily` on one host and `0 0 * * *` on another has one schedule).
+ALIASES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
+           "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
+           "@hourly": "0 * * * *"}
+
+
+def expand(expr: str) -> str:
+    """The five fields of a nickname (`@daily`), else `expr` as given; SpecError for a
+    nickname that names no period (`@reboot`) or none at all."""
+    word = expr.strip().lower()
+    if not word.startswith("@"):
+        return expr
+    if word == "@reboot":
+        raise SpecError("--cron @reboot: a boot is no period; start the command from the "
+                        "host's boot (a systemd unit), or under `once lead` if one replica "
+                        "of many must run it")
+    if word not in ALIASES:
+        raise SpecError(f"--cron {expr!r}: unknown nickname; use one of "
+                        f"{', '.join(sorted(ALIASES))} or five fields")
+    return ALIASES[word]
+
+
+# Forms of other crons that this one refuses, and what to write instead (docs/concepts/
+# periods.md, "The cron dialect").
+_FIELDS = {"minute": (0, 59), "hour": (0, 23), "day-of-month": (1, 31), "month": (1, 12),
+           "day-of-week": (0, 6)}
+
+
+def _unsupported(fields: list[str]) -> str:
+    """Why an expression cronsim refused uses another cron's form ('' for none known)."""
+    for (name, (first, last)), field in zip(_FIELDS.items(), fields, strict=True):
+        for part in field.split(","):
+            if part == "?":
+                return f"? in the {name} field is Quartz's: write *"
+            if part.upper().startswith("H"):
+                return f"H in the {name} field (a hash, Jenkins') is not cron: give a value"
+            if name == "day-of-month" and part.upper().endswith("W") and part.upper() != "LW":
+                return "W (the weekday nearest a day) is not taken: LW (the month's last " \
+                       "weekday) is, or list the days"
+            low, dash, high = part.partition("/")[0].partition("-")
+            if dash and low.isdigit() and high.isdigit() and int(low) > int(high):
+                return (f"the {name} range {low}-{high} wraps around: write it as two, "
+                        f"{low}-{last},{first}-{high}")
+    return ""
+
 
 class CronSchedule(Schedule):
     """A period runs from a fire time of a five-field cron expression to the next one.
@@ -44,6 +91,7 @@ class CronSchedule(Schedule):
     YEARS = 50  # as cronsim: an expression that does not fire within 50 years never fires
 
     def __init__(self, expr: str, tz_name: str) -> None:
+        expr = expand(expr)
         super().__init__(expr, tz_name)
         from cronsim import CronSim, CronSimError  # here, not at the top: importing it costs 12 ms
 
@@ -55,7 +103,8 @@ class CronSchedule(Schedule):
         try:
             parsed = CronSim(expr, datetime(2000, 1, 1))
         except CronSimError as exc:
-            raise SpecError(f"--cron {expr!r}: {str(exc).lower()}") from None
+            raise SpecError(f"--cron {expr!r}: {_unsupported(fields) or str(exc).lower()}") \
+                from None
         self._months = frozenset(parsed.months)
         self._matches: Callable[[date], bool] = parsed.match_day
         # The local times it fires at, in minutes after midnight, sorted.

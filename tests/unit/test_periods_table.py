@@ -512,10 +512,11 @@ BAD_CRON = [
     ("0 0 * * 8", "bad day-of-week"),
     ("a b c d e", "bad minute"),
     ("*/0 * * * *", "bad minute"),
-    ("5-1 * * * *", "bad minute"),
+    ("5-1 * * * *", "the minute range 5-1 wraps around: write it as two, 5-59,0-1"),
     ("* * * *", FIVE_FIELDS),
     ("0 * * * * *", FIVE_FIELDS),
-    ("@daily", FIVE_FIELDS),
+    ("@fortnightly", "unknown nickname; use one of @annually, @daily, @hourly, @midnight, "
+                     "@monthly, @weekly, @yearly or five fields"),
     ("", FIVE_FIELDS),
 ]
 UNKNOWN_ZONES = [

@@ -119,7 +119,8 @@ def schedule_options(func: F) -> F:
     func = tz_option(func)
     func = click.option("--cron", "cron", metavar="EXPR",
                         help="Periods between the fire times of a five-field cron "
-                             "expression.")(func)
+                             "expression, or a nickname (@hourly, @daily, @weekly, @monthly, "
+                             "@yearly).")(func)
     func = click.option("--every", "every", metavar="SPEC", shell_complete=every_specs,
                         help="Period length: minute, Nm, hour, Nh, day, week, month, quarter, "
                              "year.")(func)
