@@ -56,7 +56,20 @@ def zone(name: str) -> tzinfo:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
         # ValueError: a malformed name or a file that is not a zone; OSError: a directory.
-        raise SpecError(f"unknown time zone {name!r}") from None
+        raise SpecError(f"unknown time zone {name!r}{_zone_hint(name)}") from None
+
+
+def _zone_hint(name: str) -> str:
+    """`: did you mean 'Europe/Berlin'?` for a name close to a zone's ('' for none); only on
+    the error path (listing the zones reads tzdata's index)."""
+    from difflib import get_close_matches
+    from zoneinfo import available_timezones
+
+    zones = available_timezones() - {"localtime", "posixrules", "Factory"}
+    folded = {zone.lower(): zone for zone in zones}
+    close = [folded[name.lower()]] if name.lower() in folded else get_close_matches(
+        name, zones, n=1, cutoff=0.75)
+    return f": did you mean {close[0]!r}?" if close else ""
 
 
 def iso(dt: datetime) -> str:
@@ -357,9 +370,32 @@ def _unit(spec: str) -> Unit:
     if match is None:
         *others, last = (u.name for u in UNITS.values() if u.kind == CALENDAR)
         raise SpecError(f"--every {spec!r}: use minute, Nm (N divides 60), hour, "
-                        f"Nh (N divides 24), {', '.join(others)} or {last}")
+                        f"Nh (N divides 24), {', '.join(others)} or {last}{_every_hint(spec)}")
     raise SpecError(f"--every {spec}: minutes must divide 60" if match[2] == "m"
                     else f"--every {spec}: hours must divide 24")
+
+
+# How people spell a length that --every spells otherwise: 5min, 2hours, daily.
+_SPELLED = re.compile(r"\s*([0-9]+)\s*(m|min|mins|minute|minutes|h|hr|hrs|hour|hours)\s*",
+                      re.IGNORECASE)
+_ADVERBS = {"minutely": "minute", "hourly": "hour", "daily": "day", "weekly": "week",
+            "monthly": "month", "quarterly": "quarter", "yearly": "year", "annually": "year"}
+
+
+def _every_hint(spec: str) -> str:
+    """`; did you mean '5m'?` for a spelling of a length --every takes ('' for none)."""
+    from difflib import get_close_matches
+
+    word = spec.strip().lower()
+    spelled = _SPELLED.fullmatch(word)
+    if spelled:
+        guess = f"{int(spelled[1])}{spelled[2][0]}"
+    else:
+        names = [name for name in UNITS if name.isalpha()]
+        close = get_close_matches(word.rstrip("s"), names, n=1, cutoff=0.6) \
+            if word.isalpha() and len(word) > 2 else []
+        guess = _ADVERBS.get(word) or (close[0] if close else "")
+    return f"; did you mean {guess!r}?" if guess and guess != spec else ""
 
 
 def every_specs(every_spelling: bool = False) -> tuple[str, ...]:

@@ -492,8 +492,12 @@ UNITS_THAT_DO_NOT_DIVIDE = [
     (6, "25h", "--every 25h: hours must divide 24"),
     (7, "0h", "--every 0h: hours must divide 24"),
 ]
+# With the spelling --every takes where one is near ("" where none is).
 UNKNOWN_SPECS = [
-    "fortnight", "", "15M", "015m", "1.5h", "m", "h", "1d", "Day", " day", "15 m", "1w",
+    ("fortnight", ""), ("", ""), ("15M", "15m"), ("015m", "15m"), ("1.5h", ""), ("m", ""),
+    ("h", ""), ("1d", ""), ("Day", "day"), (" day", "day"), ("15 m", "15m"), ("1w", ""),
+    ("5min", "5m"), ("2 hours", "2h"), ("daily", "day"), ("hourly", "hour"), ("dya", "day"),
+    ("weeks", "week"),
 ]
 ALLOWED = (
     "use minute, Nm (N divides 60), hour, Nh (N divides 24), day, week, month, quarter or year"
@@ -519,9 +523,12 @@ BAD_CRON = [
                      "@monthly, @weekly, @yearly or five fields"),
     ("", FIVE_FIELDS),
 ]
+# With the zone named in the hint ("" where none is near).
 UNKNOWN_ZONES = [
-    "Mars/Base", "", "America", "../etc/passwd", "/etc/localtime", "utc", "zone.tab",
-    "Europe/Berlin/", "a\x00b", "America/New York",
+    ("Mars/Base", ""), ("", ""), ("America", ""), ("../etc/passwd", ""),
+    ("/etc/localtime", ""), ("utc", "UTC"), ("zone.tab", ""),
+    ("Europe/Berlin/", "Europe/Berlin"), ("a\x00b", ""), ("America/New York", "America/New_York"),
+    ("Europe/Berln", "Europe/Berlin"), ("europe/berlin", "Europe/Berlin"),
 ]
 # fmt: on
 
@@ -533,11 +540,12 @@ def test_every_rejects_units_that_do_not_divide(n: int, spec: str, message: str)
     assert str(caught.value) == message, f"case {n}"
 
 
-@pytest.mark.parametrize("spec", UNKNOWN_SPECS)
-def test_every_rejects_unknown_specs(spec: str) -> None:
+@pytest.mark.parametrize(("spec", "meant"), UNKNOWN_SPECS)
+def test_every_rejects_unknown_specs(spec: str, meant: str) -> None:
     with pytest.raises(SpecError) as caught:
         periods.every(spec, "UTC")
-    assert str(caught.value) == f"--every {spec!r}: {ALLOWED}"
+    hint = f"; did you mean {meant!r}?" if meant else ""
+    assert str(caught.value) == f"--every {spec!r}: {ALLOWED}{hint}"
 
 
 @pytest.mark.parametrize(("spec", "unit_minutes"), DIVIDING_UNITS)
@@ -552,7 +560,8 @@ def test_every_specs_lists_exactly_what_every_takes() -> None:
     # Every spelling of a count of minutes or hours up to 1500, accepted or refused, against
     # the list the completion and the drawing tests iterate over.
     listed = set(periods.every_specs(every_spelling=True))
-    for spec in [f"{n}{unit}" for n in range(1500) for unit in "mh"] + UNKNOWN_SPECS:
+    for spec in [f"{n}{unit}" for n in range(1500) for unit in "mh"] + [
+            spec for spec, _ in UNKNOWN_SPECS]:
         try:
             periods.every(spec, "UTC")
         except SpecError:
@@ -589,8 +598,8 @@ def test_cron_accepts_names_and_keeps_the_expression() -> None:
     assert schedule.containing(at("2026-10-31T12:00-04:00")).key == "2026-10-30T09:00-04:00"
 
 
-@pytest.mark.parametrize("name", UNKNOWN_ZONES)
-def test_unknown_zones(name: str) -> None:
+@pytest.mark.parametrize(("name", "meant"), UNKNOWN_ZONES)
+def test_unknown_zones(name: str, meant: str) -> None:
     attempts: list[Callable[[], object]] = [
         lambda: periods.zone(name),
         lambda: periods.every("day", name),
@@ -599,7 +608,8 @@ def test_unknown_zones(name: str) -> None:
     for attempt in attempts:
         with pytest.raises(SpecError) as caught:
             attempt()
-        assert str(caught.value) == f"unknown time zone {name!r}"
+        hint = f": did you mean {meant!r}?" if meant else ""
+        assert str(caught.value) == f"unknown time zone {name!r}{hint}"
 
 
 def test_zone_keeps_the_name_given() -> None:
