@@ -197,3 +197,18 @@ def test_a_claim_that_outlasts_a_semi_synchronous_wait_exits_75_and_holds_the_pe
         replica.execute("START SLAVE")
     assert claim.returncode == 75, claim.stdout + claim.stderr
     assert claim.stdout == "" and "nothing was run" in claim.stderr, claim.stderr
+
+
+def test_sessions_that_begin_read_only_are_critical(replication: Replication,
+                                                    tmp_path: Path) -> None:
+    # tx_read_only = ON globally: every new session is read-only, SUPER or not; doctor said
+    # "OK session the server accepts writes".
+    primary, _, database = replication
+    primary.execute("SET GLOBAL tx_read_only = ON")
+    try:
+        doctor = _doctor(_url(primary, database), tmp_path)
+    finally:
+        primary.execute("SET GLOBAL tx_read_only = OFF")
+    assert doctor.returncode == 2, doctor.stdout + doctor.stderr
+    assert doctor.stdout.startswith("CRITICAL session tx_read_only = ON: every session begins "
+                                    "read-only"), doctor.stdout

@@ -515,3 +515,28 @@ def test_doctor_reads_every_host_of_a_host_list(sync_pair: Pair, async_pair: Pai
     finally:
         async_pair.primary.sql(f"DROP DATABASE IF EXISTS {ledger.name} WITH (FORCE)")
     ledger.drop()
+
+
+@pytest.mark.slow
+def test_a_first_use_behind_a_schema_lock_that_is_never_let_go_ends(sync_pair: Pair,
+                                                                   tmp_path: Path) -> None:
+    # Another process holds the schema lock and never lets it go (an older once stuck in a
+    # commit, a session left open): a first use waited for ever; now 60 s (schema.LOCK_WAIT).
+    fresh = "once_f_" + uuid.uuid4().hex[:12]  # a database of its own: its own advisory locks
+    sync_pair.primary.sql(f"CREATE DATABASE {fresh}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCE_")}
+    env.update(XDG_STATE_HOME=str(tmp_path / "state"))
+    try:
+        with psycopg.connect(sync_pair.primary.url(fresh)) as holder:
+            holder.execute("SELECT pg_advisory_xact_lock(7310504102)")  # the schema lock
+            began = time.monotonic()
+            made = run_once("schema", "--db", sync_pair.primary.url(fresh), env=env,
+                            timeout=180)
+            took = time.monotonic() - began
+            holder.rollback()
+    finally:
+        sync_pair.primary.sql(f"DROP DATABASE IF EXISTS {fresh} WITH (FORCE)")
+    assert made.returncode == 75, made.stdout + made.stderr
+    assert "cannot create the ledger's tables in " in made.stderr
+    assert "lock timeout" in made.stderr, made.stderr
+    assert 55 < took < 120, took

@@ -225,3 +225,21 @@ def test_check_is_unknown_and_doctor_critical_on_a_node_outside_the_primary_comp
     # Back in the Primary component, the same check reads the ledger.
     wait_for(lambda: run_once("check", "--db", galera.url(2, database),
                               env=env).returncode == 0, timeout=60, what="check to read node 2")
+
+
+def test_a_node_that_refuses_queries_is_critical_for_doctor_and_unknown_for_check(
+        galera: GaleraCluster, tmp_path: Path) -> None:
+    # wsrep_reject_queries = ALL, in the Primary component and ready: doctor said "OK galera
+    # node of a Primary component of 3 node(s)" while every claim there met 1047.
+    database = galera.new_database()
+    env = _env(tmp_path)
+    assert run_once(*_run(galera.url(1, database), "j", "true")[1:], env=env).returncode == 0
+    with galera.watch(2) as node:
+        node.reject(True)
+        doctor = run_once("doctor", "--db", galera.url(2, database), env=env)
+        checked = run_once("check", "--db", galera.url(2, database), env=env)
+    assert doctor.returncode == 2, doctor.stdout + doctor.stderr
+    assert doctor.stdout.startswith("CRITICAL galera wsrep_reject_queries = ALL: the node "
+                                    "answers every query with 1047"), doctor.stdout
+    assert checked.returncode == 3 and checked.stdout.startswith("UNKNOWN - - not-ready "), \
+        checked.stdout + checked.stderr

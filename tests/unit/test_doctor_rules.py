@@ -59,6 +59,7 @@ def _worst(dialect: str, facts: dict, tail: int = 16384) -> int:
     ({"standbys": 2, "sync_standbys": 1, "synchronous_standby_names": "*"}, OK,
      "1 synchronous standby(s) connected"),
     ({"default_transaction_read_only": "on"}, CRITICAL, "default_transaction_read_only = on"),
+    ({"full_page_writes": "off"}, WARNING, "full_page_writes = off"),
     ({"in_recovery": True, "replay_lag": 0.0}, CRITICAL, "(in recovery, 0s behind"),
 ])
 def test_postgresql(changes: dict, severity: int, words: str) -> None:
@@ -76,6 +77,8 @@ def test_postgresql(changes: dict, severity: int, words: str) -> None:
     (GALERA, OK, "Primary component of 3 node(s)"),
     ({**GALERA, "wsrep_sync_wait": 0}, WARNING, "wsrep_sync_wait = 0"),
     ({**GALERA, "wsrep_cluster_status": "non-Primary"}, CRITICAL, "not in a Primary"),
+    # A node that refuses every query while in the Primary component and ready (issue 34).
+    ({**GALERA, "wsrep_reject_queries": "ALL"}, CRITICAL, "wsrep_reject_queries = ALL"),
 ])
 def test_mysql(facts: dict, severity: int, words: str) -> None:
     assert _worst("mysql", facts) == severity
@@ -97,6 +100,10 @@ SEMI_SYNC = {"log_bin": 1, "sync_binlog": 1, "replicas": [REPLICA], "semi_sync_e
     ({"read_only": 1, "writes_refused": False}, WARNING, "this user may write through it"),
     ({"super_read_only": 1, "writes_refused": True}, CRITICAL, "read-only"),
     ({"read_only": 1, "writes_refused": None}, WARNING, "could not be told"),
+    ({"tx_read_only": 1, "writes_refused": True}, CRITICAL,
+     "tx_read_only = ON: every session begins read-only"),
+    ({"offline_mode": 1}, CRITICAL, "offline_mode = ON"),
+    ({"innodb_doublewrite": 0}, WARNING, "innodb_doublewrite = OFF"),
     # A replica: claims written there are not its primary's.
     ({"replica_of": [REPLICATING]}, CRITICAL, "a replica of db1:3306 (IO Yes, SQL Yes, 0s"),
     ({"replica_of": [{**REPLICATING, "Slave_IO_Running": "No", "Slave_SQL_Running": "No"}]},

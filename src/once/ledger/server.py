@@ -38,6 +38,7 @@ POSTGRES = {
     "synchronous_commit": "SELECT current_setting('synchronous_commit')",
     "synchronous_standby_names": "SELECT current_setting('synchronous_standby_names')",
     "fsync": "SELECT current_setting('fsync')",
+    "full_page_writes": "SELECT current_setting('full_page_writes')",
     # A role's or database's sessions made read-only (ALTER ROLE ... SET): no claim commits.
     "default_transaction_read_only": "SELECT current_setting('default_transaction_read_only')",
     "standbys": "SELECT count(*) FROM pg_stat_replication",

@@ -21,8 +21,10 @@ if TYPE_CHECKING:
 
 Facts = dict[str, Any]
 
-VARIABLES = ("innodb_flush_log_at_trx_commit", "sync_binlog", "log_bin", "read_only",
-             "super_read_only", "max_allowed_packet", "wsrep_on", "wsrep_sync_wait",
+VARIABLES = ("innodb_flush_log_at_trx_commit", "innodb_doublewrite", "sync_binlog", "log_bin",
+             "read_only", "super_read_only", "tx_read_only", "transaction_read_only",
+             "offline_mode", "max_allowed_packet", "wsrep_on", "wsrep_sync_wait",
+             "wsrep_reject_queries",
              "server_id", "server_uuid", "hostname", "port", "version", "gtid_slave_pos",
              # semi-synchronous replication: MariaDB's and MySQL's before 8.0.26 (master),
              # MySQL's since (source)
@@ -33,8 +35,9 @@ STATUS = ("wsrep_cluster_status", "wsrep_ready", "wsrep_cluster_size",
           *(f"Rpl_semi_sync_{side}_{name}" for side in ("master", "source")
             for name in ("status", "clients")))
 # Numbers and ON/OFF switches, read as whole numbers (ON 1, OFF 0).
-NUMBERS = {"innodb_flush_log_at_trx_commit", "sync_binlog", "log_bin", "read_only",
-           "super_read_only", "max_allowed_packet", "wsrep_on", "wsrep_sync_wait", "server_id",
+NUMBERS = {"innodb_flush_log_at_trx_commit", "innodb_doublewrite", "sync_binlog", "log_bin",
+           "read_only", "super_read_only", "tx_read_only", "transaction_read_only",
+           "offline_mode", "max_allowed_packet", "wsrep_on", "wsrep_sync_wait", "server_id",
            "port", "slaves_running", "semi_sync_enabled", "semi_sync_timeout",
            "semi_sync_clients"}
 
@@ -47,7 +50,8 @@ _NOT_ITS_WORDS = 1064
 
 # A write that changes nothing, to learn whether read_only refuses this user's writes.
 WRITE_PROBE = "DELETE FROM once_meta WHERE 1 = 0"
-_READ_ONLY_CODES = {1290, 1836}  # --read-only (or super_read_only) prevents it; MariaDB's
+# --read-only (or super_read_only) prevents it; MariaDB's; a read-only transaction
+_READ_ONLY_CODES = {1290, 1836, 1792}
 _PAST_READ_ONLY = {1146, 1142}  # no such table, no DELETE grant: checked after read_only
 
 
@@ -114,7 +118,8 @@ def _number(value: Any) -> Any:
 
 
 def _read_only(facts: Facts) -> bool:
-    return bool(facts.get("read_only") or facts.get("super_read_only"))
+    return any(facts.get(name) for name in ("read_only", "super_read_only", "tx_read_only",
+                                            "transaction_read_only"))
 
 
 def _rows(cur: Cursor, statements: tuple[str, ...]) -> list[dict[str, Any]] | None:

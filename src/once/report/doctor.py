@@ -75,10 +75,14 @@ def _pg_read_only(facts: Facts, _tail: int) -> Verdict | None:
 
 
 def _pg_fsync(facts: Facts, _tail: int) -> Verdict:
-    if facts["fsync"] == "on":
-        return Verdict(OK, "durability", "fsync = on")
-    return Verdict(CRITICAL, "durability", "fsync = off: a crash of the server can lose or "
-                   "corrupt claims already acknowledged (a period may run twice)")
+    if facts["fsync"] != "on":
+        return Verdict(CRITICAL, "durability", "fsync = off: a crash of the server can lose or "
+                       "corrupt claims already acknowledged (a period may run twice)")
+    if facts.get("full_page_writes", "on") != "on":
+        return Verdict(WARNING, "durability", "full_page_writes = off: a crash of the machine "
+                       "can leave pages half written and the ledger corrupt, unless the "
+                       "filesystem never tears a page (ZFS); set it on")
+    return Verdict(OK, "durability", "fsync = on")
 
 
 def _pg_commit(facts: Facts, _tail: int) -> Verdict:
@@ -198,10 +202,21 @@ POSTGRES_RULES: list[Rule] = [_pg_standby, _pg_read_only, _pg_fsync, _pg_commit,
 # -- MySQL / MariaDB -------------------------------------------------------------------------
 
 
+# What makes a MySQL session read-only, server-wide or for every new session.
+_READ_ONLY = ("read_only", "super_read_only", "tx_read_only", "transaction_read_only")
+
+
 def _my_read_only(facts: Facts, _tail: int) -> Verdict:
-    if not (facts.get("read_only") or facts.get("super_read_only")):
+    if facts.get("offline_mode"):
+        return Verdict(CRITICAL, "session", "offline_mode = ON: the server turns away every "
+                       "connection of a user without SUPER or CONNECTION_ADMIN; claims exit 75")
+    which = next((name for name in _READ_ONLY if facts.get(name)), None)
+    if which is None:
         return Verdict(OK, "session", "the server accepts writes")
     refused = facts.get("writes_refused")
+    if refused and which not in ("read_only", "super_read_only"):
+        return Verdict(CRITICAL, "session", f"{which} = ON: every session begins read-only, "
+                       "no claim can be written; set it OFF")
     if refused:
         return Verdict(CRITICAL, "session", "the server is read-only (read_only = ON: a "
                        "replica?): no claim can be written here; point the URL at the primary")
@@ -271,6 +286,10 @@ def _state(status: dict[str, Any], thread: str) -> str:
 
 def _my_flush(facts: Facts, _tail: int) -> Verdict:
     value = int(facts["innodb_flush_log_at_trx_commit"])
+    if value == 1 and facts.get("innodb_doublewrite", 1) == 0:
+        return Verdict(WARNING, "durability", "innodb_doublewrite = OFF: a crash of the "
+                       "machine can leave pages half written and the ledger corrupt, unless "
+                       "the filesystem never tears a page; set it ON")
     if value == 1:
         return Verdict(OK, "durability", "innodb_flush_log_at_trx_commit = 1")
     return Verdict(WARNING, "durability", f"innodb_flush_log_at_trx_commit = {value}: a crash "
@@ -358,6 +377,11 @@ def _my_galera(facts: Facts, _tail: int) -> Verdict | None:
         return Verdict(CRITICAL, "galera", f"the node is not in a Primary component "
                        f"(wsrep_cluster_status = {status}, wsrep_ready = {ready}): claims "
                        "are refused here; point the URL at a healthy node or a proxy")
+    rejected = str(facts.get("wsrep_reject_queries") or "NONE").upper()
+    if rejected != "NONE":
+        return Verdict(CRITICAL, "galera", f"wsrep_reject_queries = {rejected}: the node "
+                       "answers every query with 1047, claims are refused here; set it NONE, "
+                       "or point the URL at another node")
     size = facts.get("wsrep_cluster_size")
     return Verdict(OK, "galera", f"node of a Primary component of {size} node(s)")
 
