@@ -72,7 +72,8 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
 
     Each period is claimed exactly as once run claims it, so catch-ups on several machines
     split the work and never run a period twice. Stops at the first failure with its status
-    unless --keep-going.
+    unless --keep-going. Without --every or --cron, the job's schedule, zone, --lag and
+    --shards are the ledger's (as its latest claim left them).
     """
     from once.periods import iso
     from once.periods import schedule as make_schedule
@@ -80,16 +81,20 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
 
     if not command and not dry_run:
         raise click.UsageError("no command given: once catchup ... -- COMMAND [ARG]...")
-    sched = make_schedule(every, cron, tz)
-    the_job = flow.claiming_job(job, namespace, sched, lag, max_attempts, stale_after,
-                                shards, no_overlap)
     grace = kill_after_for(kill_after, stale_after)
     target = open_target(db, db_password_file)
-    first = sched.resolve(since) if since else None
-    last = sched.resolve(until) if until else flow.current_period(sched, lag)
-    if not allow_future:
-        flow.refuse_future(last, "--until")
     with ledger_for(target, stale_after, quiet, log_format) as ledger:
+        if every is None and cron is None:  # as the job's latest claim left it
+            sched, lag, shards, no_overlap = _stored_schedule(ledger, job, namespace, tz, lag,
+                                                              shards, no_overlap)
+        else:
+            sched = make_schedule(every, cron, tz)
+        the_job = flow.claiming_job(job, namespace, sched, lag, max_attempts, stale_after,
+                                    shards, no_overlap)
+        first = sched.resolve(since) if since else None
+        last = sched.resolve(until) if until else flow.current_period(sched, lag)
+        if not allow_future:
+            flow.refuse_future(last, "--until")
         try:
             todo = flow.missing_periods(ledger, the_job, sched, first, last, max_count,
                                         held=not dry_run)
@@ -108,6 +113,35 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
 
         return backfill.catch_up(ledger, the_job, todo, command, settings, keep_going,
                                  _progress(quiet, log_format))
+
+
+def _stored_schedule(ledger: Any, job: str, namespace: str | None, tz: str, lag: int,
+                     shards: int, no_overlap: bool) -> tuple[Any, int, int, bool]:
+    """A catch-up with neither --every nor --cron: the job's schedule and zone as the ledger
+    holds them, with its --lag, --shards and --no-overlap where they were not given (they
+    say which periods are due and how they are keyed). A --tz that differs from the job's
+    zone is refused: it would name other periods."""
+    from once import stored
+
+    name = limits.stored_name(job, namespace)
+    found = ledger.job_info(name)
+    if found is None:
+        raise click.UsageError(f"unknown job {name!r}: it has never run in "
+                               f"{ledger.target.redacted}, so give its schedule: --every "
+                               f"SPEC or --cron EXPR")
+    ctx = click.get_current_context()
+
+    def given(option: str) -> bool:
+        return ctx.get_parameter_source(option) not in (click.core.ParameterSource.DEFAULT,
+                                                         None)
+
+    if given("tz") and tz != found.tz:
+        raise click.UsageError(f"--tz {tz} differs from the zone job {name!r} runs in "
+                               f"({found.tz}): leave --tz out, or give --every/--cron with it")
+    sched = stored.job_schedule(found.kind, found.schedule, found.tz)
+    return (sched, lag if given("lag") else found.lag,
+            shards if given("shards") else found.shards,
+            no_overlap or found.no_overlap)
 
 
 def _progress(quiet: bool, log_format: str = "text") -> Any:
