@@ -269,3 +269,15 @@ def test_every_periods_transcript_prints_what_it_shows(where: str, command: str,
                           text=True, timeout=60)
     assert done.returncode == 0, (where, done.stderr)
     assert done.stdout.rstrip("\n") == shown, where
+
+
+def test_the_image_leaves_out_the_clones_virtualenv_and_history() -> None:
+    # A clone that ran `make test` holds .venv (hundreds of MB), .git and site/: the example
+    # image copies the clone, so both ignore files must leave them out (issue 36).
+    root = Path(__file__).resolve().parents[2]
+    for ignore, prefix in ((root / ".dockerignore", ""),
+                           (root / "examples" / "kubernetes" / "Dockerfile.dockerignore",
+                            "once/")):
+        lines = set(ignore.read_text().splitlines())
+        for name in (".venv/", ".git/", "site/", "test-artifacts/"):
+            assert prefix + name in lines, (ignore, name)
