@@ -229,3 +229,15 @@ def _steal(ledger_url: str) -> None:
     with open_ledger(parse_url(ledger_url)) as ledger:
         ledger.connect()
         ledger._write("UPDATE once_leases SET holder = 'thief', term = term + 1", {})
+
+
+def test_a_command_that_cannot_start_is_said_in_one_line(once_env: dict[str, str]) -> None:
+    done = subprocess.run([ONCE, "lead", "--name", NAME, "-q", "--", "/nonexistent/cmd"],
+                          env=once_env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 127
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "could not start (No such file or directory)" in lines[0], lines
+    # The term was released: the next leader comes at once.
+    again = subprocess.run([ONCE, "lead", "--name", NAME, "--", "sh", "-c", "echo $ONCE_TERM"],
+                           env=once_env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout.strip() == "2"

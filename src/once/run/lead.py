@@ -226,6 +226,10 @@ def _lead_once(elector: Elector, command: Sequence[str], kill_after: float, term
         elector.release(term, "lost")
         return FENCED_OUT, True
     elector.release(term)
+    if outcome.kind == "exec-failed":
+        elector.say(f"{name}: released term {term}; the command could not start "
+                    f"({outcome.message}), status {outcome.status}", "released", ERROR)
+        return outcome.status, False
     stopped = (f" after {wrapper.signal_name(outcome.interrupted_by)}"
                if outcome.interrupted_by else "")
     elector.say(f"{name}: released term {term}; the command ended{stopped} with status "
