@@ -462,3 +462,40 @@ def test_what_could_not_be_delivered_is_still_in_the_tail(
         err = proc.communicate(timeout=60)[1]
     assert proc.returncode == 143, err
     assert stored(ledger_url, "full") == [(1, "interrupted", 143, "disk full\n")]
+
+
+# 2,000 lines on stdout, then an error on stderr, and the end: under CPU load the relay's
+# stdout thread read the last lines after the stderr thread had read the error, which then
+# fell out of the 16 KiB tail (issue 34: 5 runs of 61 on PostgreSQL stored no error).
+LAST_WORDS = ("i=1; while [ $i -le 2000 ]; do echo line-$i; i=$((i+1)); done; "
+              "echo 'ERROR boom' >&2; exit 1")
+
+
+@contextmanager
+def cpu_load(spinners: int = 3) -> Iterator[None]:
+    """Processes that keep the cores busy (the machine's other work) until the block ends."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(spinners)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_under_load_the_tail_ends_with_the_last_thing_said(once_env: dict[str, str],
+                                                           ledger_url: str) -> None:
+    runs = 25
+    with cpu_load():
+        for n in range(runs):
+            result = once_run(once_env, "--", "sh", "-c", LAST_WORDS, job=f"last{n}")
+            assert result.returncode == 1, result.stderr[-500:]
+            assert result.stdout.endswith(b"line-1999\nline-2000\n")
+            assert result.stderr == b"ERROR boom\n"
+    outputs = query(ledger_url, "SELECT job, output FROM once_attempts")
+    assert len(outputs) == runs
+    wrong = {job: output[-40:] for job, output in outputs
+             if not output.endswith("line-1999\nline-2000\nERROR boom\n")}
+    assert not wrong, f"{len(wrong)} of {runs} tails lost the error at their end: {wrong}"

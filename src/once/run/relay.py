@@ -4,10 +4,12 @@ When --output-tail is not 0 and once's stdout or stderr is not a terminal, the c
 that stream into a pipe of once's own, and a thread per stream copies it to the original
 descriptor as it comes (os.read, os.write, no buffering of ours), so that each stream keeps
 its order and a stalled reader of one never holds up the other; stdout and stderr that are
-one file get one pipe. The last `limit` bytes are kept (a deque of the chunks read: bounded by
-limit + CHUNK). A terminal is left alone. The threads never touch the lease, and os.read and
-os.write release the GIL. Where the relay stops (the command's end and DRAIN, a reader gone
-or one that stops reading) is docs/concepts/output.md, "Where the relay stops".
+one file get one pipe. The last `limit` bytes of both streams together are kept (a deque of
+the chunks read: bounded by limit + CHUNK), in the order the command wrote them as far as
+the pipes tell (Order: not the order the threads happened to read them). A terminal is left
+alone. The threads never touch the lease, and os.read and os.write release the GIL. Where the
+relay stops (the command's end and DRAIN, a reader gone or one that stops reading) is
+docs/concepts/output.md, "Where the relay stops".
 
 Stdlib only: imported by `once run` when it relays.
 """
@@ -20,34 +22,138 @@ import stat
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 CHUNK = 64 * 1024  # a pipe's default capacity: one read takes whatever it holds
 DRAIN = 1.0  # seconds the relay goes on reading after the command's end
 
 
+# Where a chunk goes in the tail: (the look that first saw it, its stream's rank); Order.
+Key = tuple[int, int]
+_END: Key = (1 << 62, 0)  # after every other: a chunk added in the order it was read
+
+
 class Tail:
-    """The last `limit` bytes written to it, from any thread."""
+    """The last `limit` bytes of the chunks added to it, in the order of their keys (equal
+    keys: in the order they were added), from any thread."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._chunks: deque[bytes] = deque()
+        self._chunks: deque[tuple[Key, bytes]] = deque()
         self._size = 0
         self._lock = threading.Lock()
         self.truncated = False
 
-    def add(self, data: bytes) -> None:
+    def add(self, data: bytes, key: Key = _END) -> None:
         with self._lock:
-            self._chunks.append(data)
+            chunks = self._chunks
+            at = len(chunks)
+            while at and chunks[at - 1][0] > key:  # written before chunks read sooner
+                at -= 1
+            chunks.insert(at, (key, data))
             self._size += len(data)
-            while self._size - len(self._chunks[0]) >= self.limit:
-                self._size -= len(self._chunks.popleft())
+            while self._size - len(chunks[0][1]) >= self.limit:
+                self._size -= len(chunks.popleft()[1])
                 self.truncated = True
 
     def value(self) -> bytes:
         with self._lock:
-            data = b"".join(self._chunks)
+            data = b"".join(chunk for _, chunk in self._chunks)
             cut = self.truncated or len(data) > self.limit
         return lead_trimmed(data[-self.limit:]) if cut else data
+
+
+class Order:
+    """Which of the streams' bytes the command wrote first, as far as the pipes tell.
+
+    A stream's thread reads when it gets to run, which under load can be long after the bytes
+    arrived: a command's last lines on stdout were read after the error it then wrote on
+    stderr, and the error fell out of the tail (issue 34). So before every read, and when an
+    idle stream stirs, the relay looks at every pipe under one lock: the bytes a pipe holds at
+    look N that look N-1 did not see were written between the two, after every byte look N-1
+    saw in any pipe. A chunk read is keyed by the look that first saw its bytes (cut in two
+    where it spans two looks). Bytes that one look first saw in both pipes were written
+    between the same two looks, in an order no pipe tells: stdout's go first (the output, then
+    the error that ends it)."""
+
+    def __init__(self, reads: tuple[int, ...]) -> None:
+        self.lock = threading.Lock()
+        self._looks = 0
+        self._streams = {read: _Stream(rank) for rank, read in enumerate(reads)}
+        self._many = len(reads) > 1  # one stream: its own order is the pipe's
+
+    def look(self) -> None:
+        """Mark what each pipe holds now as seen by a new look (the lock held; no thread
+        takes bytes out meanwhile, as that needs it).
+
+        The pipes are asked one after the other, stdout last, and the command may write
+        between two questions (a loaded machine can pause this thread there): what it wrote
+        to stderr meanwhile goes to the next look, after what this one saw of stdout, and
+        what it wrote to stdout to this one, before stderr's: the order of bytes first seen
+        by one look either way (stdout's first), never stderr's words before stdout bytes
+        written ahead of them."""
+        if not self._many:
+            return
+        self._looks += 1
+        for read, stream in reversed(self._streams.items()):
+            if stream.open:  # a closed one's number may be another file's by now
+                stream.saw(stream.taken + _waiting(read), self._looks)
+
+    def took(self, read: int, data: bytes) -> list[tuple[Key, bytes]]:
+        """data, just read from read's pipe (the lock held), keyed; bytes no look saw came
+        after the last one."""
+        return self._streams[read].took(data, self._looks + 1)
+
+    def passed(self, read: int, count: int) -> None:
+        """count bytes of read's pipe went on without being kept (spliced)."""
+        with self.lock:
+            self._streams[read].passed(count)
+
+    def close(self, read: int) -> None:
+        with self.lock:
+            self._streams[read].open = False
+            os.close(read)
+
+
+MAX_MARKS = 4096  # a stream's marks of looks its thread has not read up to yet
+
+
+class _Stream:
+    """One pipe's bytes as the looks saw them: marks (end, look): the bytes before position
+    end (counted from the stream's first byte) that no earlier look saw were first seen by
+    look."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.open = True
+        self.taken = 0  # bytes taken out of the pipe so far (read or spliced)
+        self.marks: deque[tuple[int, int]] = deque()
+
+    def saw(self, end: int, look: int) -> None:
+        if end > (self.marks[-1][0] if self.marks else self.taken):
+            if len(self.marks) >= MAX_MARKS:  # its bytes count as the next mark's: later
+                self.marks.popleft()
+            self.marks.append((end, look))
+
+    def took(self, data: bytes, unseen: int) -> list[tuple[Key, bytes]]:
+        pieces: list[tuple[Key, bytes]] = []
+        start = 0
+        while start < len(data):
+            self._forget_passed()
+            end, look = self.marks[0] if self.marks else (1 << 62, unseen)
+            size = min(len(data) - start, end - self.taken)
+            pieces.append(((look, self.rank), data[start:start + size]))
+            start += size
+            self.taken += size
+        return pieces
+
+    def passed(self, count: int) -> None:
+        self.taken += count
+        self._forget_passed()
+
+    def _forget_passed(self) -> None:
+        while self.marks and self.marks[0][0] <= self.taken:
+            self.marks.popleft()
 
 
 def lead_trimmed(data: bytes) -> bytes:
@@ -109,6 +215,7 @@ class Relay:
                 if info is not None:
                     self._pipe((fd,), fd)
         self._reads = tuple(self._idle)
+        self._order = Order(self._reads)
         if self._idle:
             self._wake_r, self._wake_w = os.pipe()
 
@@ -147,8 +254,10 @@ class Relay:
         stream over) or its end (every writer closed it: nothing to relay)."""
         if _waiting(read) == 0:
             del self._idle[read]
-            os.close(read)
+            self._order.close(read)
         else:
+            with self._order.lock:
+                self._order.look()  # its first bytes: as soon as they are seen
             self._take(read)
 
     def _take(self, read: int) -> None:
@@ -196,7 +305,7 @@ class Relay:
         """The guard could not be forked: close every pipe."""
         self.forked()
         for read in self._idle:
-            os.close(read)
+            self._order.close(read)
         self._idle = {}
         os.close(self._wake_r)
         os.close(self._wake_w)
@@ -236,13 +345,12 @@ class Relay:
                     # The bytes before the pipe's last `limit` can never be in the tail: they
                     # are moved without a copy where the kernel can (splice).
                     limit = self.tail.limit
-                    if waiting > limit + SPLICE_MIN and out.moves(read, waiting - limit):
+                    if waiting > limit + SPLICE_MIN and self._moved(read, out, waiting - limit):
                         self.tail.truncated = True  # what went before the last `limit` bytes
                         continue
                     size = CHUNK
-                try:
-                    data = os.read(read, size)
-                except BlockingIOError:
+                data = self._read(read, size)
+                if data is None:  # nothing there after all
                     if budget is not None:
                         return
                     continue
@@ -250,14 +358,35 @@ class Relay:
                     return  # every writer has closed it
                 if budget is not None:
                     budget -= len(data)
-                # Kept before it is passed on: the command has said it, even if a reader
-                # that never reads keeps it from going further.
-                self.tail.add(data)
                 out.write(data)
                 if out.gone:
                     return  # the reader is gone: the command gets EPIPE from now on
         finally:
-            os.close(read)
+            self._order.close(read)
+
+    def _read(self, read: int, size: int) -> bytes | None:
+        """Up to size bytes of the pipe, kept in the tail where the command wrote them
+        (Order); None when it holds none."""
+        order = self._order
+        with order.lock:  # the read does not block: the pipe is ours, non-blocking
+            order.look()
+            try:
+                data = os.read(read, size)
+            except BlockingIOError:
+                return None
+            pieces = order.took(read, data)
+        # Kept before it is passed on: the command has said it, even if a reader that never
+        # reads keeps it from going further.
+        for key, piece in pieces:
+            self.tail.add(piece, key)
+        return data
+
+    def _moved(self, read: int, out: _Destination, count: int) -> bool:
+        """out.moves, the bytes it moves counted (Order): what the pipes hold is looked at
+        first, so that what is left of this one keeps its place."""
+        with self._order.lock:
+            self._order.look()
+        return out.moves(read, count, lambda moved: self._order.passed(read, moved))
 
 
 SPLICE_MIN = 64 * 1024  # what is worth moving without a copy
@@ -310,9 +439,10 @@ class _Destination:
         self.gone = False  # the reader went away (EPIPE)
         self.splice = hasattr(os, "splice")  # False once the kernel refused it for fd
 
-    def moves(self, read: int, count: int) -> bool:
-        """Move count bytes from the pipe read to fd without copying them; False when that
-        cannot be done (then they are read and written)."""
+    def moves(self, read: int, count: int,
+              counted: Callable[[int], None] = lambda _moved: None) -> bool:
+        """Move count bytes from the pipe read to fd without copying them, each move
+        counted; False when that cannot be done (then they are read and written)."""
         if not (self.ok and self.splice):
             return False
         while count > 0:
@@ -329,6 +459,7 @@ class _Destination:
                 return False
             if moved == 0:
                 return True
+            counted(moved)
             count -= moved
         return True
 
