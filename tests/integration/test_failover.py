@@ -512,9 +512,33 @@ def test_doctor_reads_every_host_of_a_host_list(sync_pair: Pair, async_pair: Pai
         one = _doctor(sync_pair.multi_host_url(ledger.name), ledger.env)
         assert "OK hosts 2 hosts, one cluster (system_identifier " in one.stdout, one.stdout
         assert "1 primary, the rest its standbys" in one.stdout
+        idle = _doctor_with_the_standby_detached(sync_pair, ledger)
+        assert f"WARNING hosts 127.0.0.1:{sync_pair.standby.port}: a standby that streams " \
+               "from no server" in idle.stdout, idle.stdout
     finally:
         async_pair.primary.sql(f"DROP DATABASE IF EXISTS {ledger.name} WITH (FORCE)")
     ledger.drop()
+
+
+def _doctor_with_the_standby_detached(pair: Pair, ledger: Ledger
+                                      ) -> subprocess.CompletedProcess[str]:
+    """once doctor on the pair's host list while its standby streams from nowhere (no
+    primary_conninfo: no WAL receiver), then the standby streaming again."""
+    from psycopg import sql
+
+    conninfo = pair.standby.scalar("SHOW primary_conninfo")
+    pair.standby.sql("ALTER SYSTEM SET primary_conninfo = ''")
+    try:
+        pair.standby.sql("SELECT pg_reload_conf()")
+        wait_for(lambda: pair.standby.scalar("SELECT count(*) FROM pg_stat_wal_receiver") == 0,
+                 timeout=60, what="the standby's WAL receiver to stop")
+        return _doctor(pair.multi_host_url(ledger.name), ledger.env)
+    finally:
+        with psycopg.connect(pair.standby.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER SYSTEM SET primary_conninfo = {}").format(
+                sql.Literal(conninfo)))
+            conn.execute("SELECT pg_reload_conf()")
+        pair.streaming()
 
 
 @pytest.mark.slow

@@ -156,6 +156,9 @@ def _host(name: str, identity: str, **more: Any) -> dict[str, Any]:
     ("postgresql", [_host("a:5432", "71", in_recovery=False),
                     _host("b:5432", "71", in_recovery=False)], CRITICAL, "split brain"),
     ("postgresql", [_host("a:5432", "71", in_recovery=False),
+                    _host("b:5432", "71", in_recovery=True, receiving=False)], WARNING,
+     "b:5432: a standby that streams from no server"),
+    ("postgresql", [_host("a:5432", "71", in_recovery=False),
                     {"host": "b:5432", "error": "Connection refused"}], WARNING,
      "1 of the URL's 2 hosts could not be read (b:5432: Connection refused)"),
     ("mysql", [_host("a:3306", "Galera cluster u"), _host("b:3306", "Galera cluster u")], OK,
@@ -199,6 +202,8 @@ def test_galera_does_not_ask_for_sync_binlog() -> None:
      "a container's own layer"),
     ({"exists": True, "filesystem": "", "journal_mode": "wal"}, WARNING,
      "could not be told"),
+    ({"exists": True, "filesystem": "ext4", "journal_mode": "wal", "writable": False,
+      "directory": "/srv/once"}, CRITICAL, "this user may not write the SQLite file"),
 ])
 def test_sqlite(facts: dict, severity: int, words: str) -> None:
     assert _worst("sqlite", facts) == severity

@@ -49,9 +49,12 @@ POSTGRES = {
     "hidden_standbys": "SELECT count(*) FROM pg_stat_replication WHERE state IS NULL",
 }
 # Who a PostgreSQL server is: its cluster (a standby shares its primary's), and this
-# server's start, which tells one server named twice from two of one cluster.
+# server's start, which tells one server named twice from two of one cluster; and whether a
+# standby has a WAL receiver (its pid is shown to every role): one without streams from no
+# server, and promoted, lacks what its primary wrote since.
 POSTGRES_IDENTITY = ("SELECT system_identifier::text, pg_postmaster_start_time()::text, "
-                     "pg_is_in_recovery() FROM pg_control_system()")
+                     "pg_is_in_recovery(), EXISTS (SELECT FROM pg_stat_wal_receiver) "
+                     "FROM pg_control_system()")
 
 
 def server_facts(target: Target) -> Facts:
@@ -154,9 +157,9 @@ def _postgres_identity(target: Target) -> Facts:
     def read(conn: Connection) -> Facts:
         cur = conn.cursor()
         cur.execute(POSTGRES_IDENTITY)
-        cluster, started, in_recovery = cast("tuple[Any, ...]", cur.fetchone())
+        cluster, started, in_recovery, receiving = cast("tuple[Any, ...]", cur.fetchone())
         return {"identity": str(cluster), "server": f"{cluster} {started}",
-                "in_recovery": bool(in_recovery)}
+                "in_recovery": bool(in_recovery), "receiving": bool(receiving)}
 
     connect = of(target).connect
     return _server(target, read, _opened(
@@ -202,9 +205,9 @@ def _sqlite_facts(target: Target) -> Facts:
 
     # The file's own place: a symbolic link (/run/shm -> /dev/shm) is followed.
     path = os.path.realpath(target.path)
-    facts: Facts = {"exists": os.path.exists(path),
-                    "filesystem": filesystem_type(os.path.dirname(path)),
-                    "directory": os.path.dirname(path)}
+    directory = os.path.dirname(path)
+    facts: Facts = {"exists": os.path.exists(path), "filesystem": filesystem_type(directory),
+                    "directory": directory, "writable": _writable(path)}
     if facts["exists"]:
         conn = cast("sqlite3.Connection", _connect(target))  # a SQLite target's
         try:
@@ -212,6 +215,16 @@ def _sqlite_facts(target: Target) -> Facts:
         finally:
             conn.close()
     return facts
+
+
+def _writable(path: str) -> bool:
+    """Whether this user may write the ledger: the file, and its directory, where SQLite
+    makes the -wal and -shm files (or, before the first use, the file itself)."""
+    directory = os.path.dirname(path)
+    while not os.path.exists(directory):  # made by the first use
+        directory = os.path.dirname(directory)
+    return os.access(directory, os.W_OK | os.X_OK) and (
+        not os.path.exists(path) or os.access(path, os.R_OK | os.W_OK))
 
 
 def _mysql_facts(target: Target) -> Facts:
