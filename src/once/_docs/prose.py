@@ -178,8 +178,9 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
             ("the command's status", "The command ran while `once lead` led, and ended "
                                      "(128+<N> when signal <N> ended it, a SIGTERM that `once "
                                      "lead` received and forwarded among them; 137 when it had "
-                                     "to be killed); the lease was then released (where the "
-                                     "ledger could not be written, it runs out by itself)."),
+                                     "to be killed; 126 or 127 when it could not be started); "
+                                     "the lease was then released (where the ledger could not "
+                                     "be written, it runs out by itself)."),
             ("0", "Stopped by SIGTERM, SIGINT or SIGHUP while a candidate: nothing was run."),
             ("2", "Usage: a bad option or name, a `--lease` outside 3s to 1 year or a "
                   "`--kill-after` that does not fit it, no COMMAND (or one with `--retire`), "
