@@ -25,7 +25,16 @@ from typing import Any
 
 from once import limits, secrets
 from once.deadlines import statement_timeout
-from once.ledger import Claim, Job, Ledger, LedgerError, open_ledger, parse_url, unnamed_url
+from once.ledger import (
+    Claim,
+    Job,
+    Ledger,
+    LedgerError,
+    Target,
+    open_ledger,
+    parse_url,
+    unnamed_url,
+)
 from once.outcomes import Status
 from once.periods import Period, schedule
 from once.run import attempt, flow
@@ -107,10 +116,7 @@ def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: st
     the_job, period, owner = _checked(job, every, cron, tz, db, lag, stale_after, max_attempts,
                                       namespace, max_clock_skew, now)
     name = the_job.name
-    if db:  # every message after this (a LedgerError's) is scrubbed of its password
-        secrets.remember_url(db)
-    ledger = open_ledger(parse_url(db or unnamed_url(NAME_IT)),
-                         timeout=statement_timeout(stale_after))
+    ledger = open_ledger(_target(db), timeout=statement_timeout(stale_after))
     claimer = os.getpid()
     try:
         sent = Lease.now()
@@ -139,6 +145,14 @@ def claim(job: str, *, every: str | None = None, cron: str | None = None, tz: st
             ledger.__exit__(None, None, None)
         else:
             ledger.abandon()  # the parent's connection: closing it here would end it there
+
+def _target(db: str | None) -> Target:
+    """The ledger db names (the default's, outside a container); its password remembered
+    first, so that every message after (a LedgerError's) is scrubbed of it (once.secrets)."""
+    if db:
+        secrets.remember_url(db)
+    return parse_url(db or unnamed_url(NAME_IT))
+
 
 def _checked(job: str, every: str | None, cron: str | None, tz: str, db: str | None, lag: int,
              stale_after: float, max_attempts: int, namespace: str | None,
@@ -266,8 +280,7 @@ def lead(name: str, *, db: str | None = None, lease: float = 15.0,
         raise limits.InputError(problem.replace("--kill-after", "stop_within")
                                 .replace("--lease", "lease"))
     owner = flow.default_owner()
-    ledger = open_ledger(parse_url(db or unnamed_url(NAME_IT)),
-                         timeout=statement_timeout(lease))
+    ledger = open_ledger(_target(db), timeout=statement_timeout(lease))
     elector = leading.Elector(ledger, stored, lease, owner, leading.Voice(stored, owner, -1))
     try:
         won = elector.campaign()

@@ -27,7 +27,7 @@ MASK = "***"
 _remembered: tuple[str, ...] = ()  # every form of every secret, longest first
 # A password given as a query parameter (libpq's password and sslpassword, PyMySQL's
 # passwd), and in libpq's key=value form: password=s, password = 's \' t'.
-_QUERY = r"[?&](?:ssl)?pass(?:word|wd)=([^&#]*)"
+_QUERY = r"[?&](?:ssl)?pass(?:word|wd)=([^&#]*)([^&]*)"  # to a # (a fragment?), and past it
 _KEYWORD = r"(?<![\w.])(?:ssl)?pass(?:word|wd)\s*=\s*('(?:[^'\\]|\\.)*'|(?:[^\s'\\]|\\.)+)"
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
 
@@ -155,8 +155,8 @@ def url_forms(url: str) -> set[str]:
     if "pass" in url.lower():
         import re
 
-        for value in re.findall(_QUERY, url, flags=re.IGNORECASE):
-            found |= _written_forms(value, plus=True)
+        for value, rest in re.findall(_QUERY, url, flags=re.IGNORECASE):
+            found |= _written_forms(value, plus=True) | _written_forms(value + rest, plus=True)
         for value in re.findall(_KEYWORD, url, flags=re.IGNORECASE):
             found |= _keyword_forms(value)
     return found

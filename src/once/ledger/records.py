@@ -193,6 +193,13 @@ class LedgerError(Exception):
     failure: Failure = "permanent"
     cause: str = ""
 
+    def __str__(self) -> str:
+        """The message, scrubbed of the ledger's secrets (once.secrets): the Python API
+        raises it as it is."""
+        from once.secrets import scrub
+
+        return scrub(super().__str__())
+
     @property
     def transient(self) -> bool:
         """Worth the same statement again, on a fresh connection."""

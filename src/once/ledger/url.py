@@ -203,9 +203,10 @@ def redact(url: str) -> str:
     return parts._replace(netloc=f"{user}:***@{hostinfo}").geturl()
 
 
-# A secret given as a query parameter: libpq's password and sslpassword, PyMySQL's passwd
-# (compiled by re on first use: a SQLite URL never needs it).
-_QUERY_SECRET = r"([?&](?:password|passwd|sslpassword)=)[^&#]*"
+# A secret given as a query parameter: libpq's password and sslpassword, PyMySQL's passwd,
+# to the next & (a raw # in it is the password's: a ledger's URL has no fragment). Compiled
+# by re on first use: a SQLite URL never needs it.
+_QUERY_SECRET = r"([?&](?:password|passwd|sslpassword)=)[^&]*"
 
 
 def sqlite_target(url: str) -> Target:
