@@ -52,3 +52,15 @@ def test_the_summary_names_the_periods_a_live_owner_held() -> None:
     assert progress.summary().endswith(
         "; 8 held by a live owner: 2026-11-05, 2026-11-06, 2026-11-07, 2026-11-08, "
         "2026-11-09, ..."), progress.summary()
+
+
+def test_a_stopped_catchup_says_so_and_what_it_left() -> None:
+    """Issue 34, row 9: after a stop signal no period starts; the rest is the next fire's."""
+    progress = _progress(Result("done", 0), Result("failed", 143, interrupted=True))
+    progress.stopped_by = "SIGTERM"
+    summary = progress.summary()
+    assert summary.startswith("catch-up of nightly: stopped by SIGTERM: 2 of 3 periods in ")
+    assert summary.endswith(": 1 done, 1 failed; 1 left for the next fire"), summary
+    every_one = _progress(*[Result("done", 0)] * 3)
+    every_one.stopped_by = "SIGINT"  # during the last one's final write: never "caught up"
+    assert every_one.summary().startswith("catch-up of nightly: stopped by SIGINT: 3 of 3 ")

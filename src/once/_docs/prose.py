@@ -93,12 +93,17 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
         "once run",
         "",
         (
-            ("the command's status", "The command ran; 128+<N> when signal <N> ended it."),
+            ("the command's status", "The command ran; 128+<N> when signal <N> ended it. "
+                                     "After a SIGTERM, SIGINT or SIGHUP that `once` forwarded, "
+                                     "still the command's own (0 for one that caught it and "
+                                     "exited 0), recorded `interrupted`."),
             (
                 "0",
                 "Skipped: the period is done, a live attempt holds it, or its attempts are used "
                 "up (the last also warns on stderr). `--skipped-exit-code` changes this status.",
             ),
+            ("1", "The command exited 0 but left a `--state` watermark that cannot be stored: "
+                  "recorded `failed`."),
             ("2", "Usage: a bad option, period spec, zone, duration or URL, a value the "
                   "ledger cannot hold (see LIMITS), or no ledger named in a container (FILES); "
                   "nothing was sent to the ledger."),
@@ -124,13 +129,18 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
                 "`--max-attempts` attempts in all.",
             ),
             ("124", "`--timeout` ended the command."),
+            ("128+<N>", "`--all-shards` stopped by signal <N> (SIGTERM, SIGINT, SIGHUP) when "
+                        "no shard that it did not interrupt had failed: the shard in hand got "
+                        "the signal, no later shard was claimed."),
         ),
     ),
     (
         "once catchup",
         "0 when every period it tried is done or was skipped; otherwise the status "
         "`once run` would have given for the first period that did not succeed "
-        "(without `--keep-going` it stops there). 2 and 75 as for `once run`.",
+        "(without `--keep-going` it stops there). 2 and 75 as for `once run`. A SIGTERM, "
+        "SIGINT or SIGHUP stops it after the period in hand, which gets the signal: then the "
+        "status of the first period that failed without it, else 128+<N> (143 for SIGTERM).",
         (),
     ),
     (

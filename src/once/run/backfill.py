@@ -45,6 +45,7 @@ class Progress:
         self.seconds = 0.0  # spent in the periods so far
         self.began = time.monotonic()
         self.held: list[str] = []  # the keys of the periods a live owner held
+        self.stopped_by = ""  # the stop signal that ended it (SIGTERM), if one did
 
     @property
     def tried(self) -> int:
@@ -83,18 +84,24 @@ class Progress:
     def summary(self) -> str:
         """caught up 31 periods of JOB in 22s: 31 done; or, when one failed, it stopped or a
         live owner held one, catch-up of JOB: 9 of 31 periods in 7s: 8 done, 1 failed; 22
-        not tried (; 1 held by a live owner: KEY)."""
+        not tried (; 1 held by a live owner: KEY); after a stop signal, catch-up of JOB:
+        stopped by SIGTERM: 9 of 31 periods in 7s: 8 done, 1 failed; 22 left for the next
+        fire."""
         held = VERBS["skipped-held"]
         counts = ", ".join(f"{n} {verb}" for verb, n in self.counts.items() if verb != held)
         spent = span(time.monotonic() - self.began)
         plural = "" if self.total == 1 else "s"
         left = self.total - self.tried
-        if not left and all(v in ("done", "done already") for v in self.counts):
+        if not left and not self.stopped_by and all(v in ("done", "done already")
+                                                    for v in self.counts):
             return f"caught up {self.total} period{plural} of {self.job} in {spent}: {counts}"
         keys = ", ".join(self.held[:HELD_LISTED]) + (", ..." if len(self.held) > HELD_LISTED
                                                      else "")
-        return (f"catch-up of {self.job}: {self.tried} of {self.total} period{plural} in "
-                f"{spent}: {counts or 'none run'}" + (f"; {left} not tried" if left else "")
+        stopped = f"stopped by {self.stopped_by}: " if self.stopped_by else ""
+        return (f"catch-up of {self.job}: {stopped}{self.tried} of {self.total} "
+                f"period{plural} in {spent}: {counts or 'none run'}"
+                + (f"; {left} {'left for the next fire' if stopped else 'not tried'}"
+                   if left else "")
                 + (f"; {self.counts[held]} {held}" if held in self.counts else "")
                 + (f": {keys}" if keys else ""))
 
@@ -125,9 +132,12 @@ def catch_up(ledger: Ledger, job: Job, periods: Sequence[Period], command: Seque
 
     Stops at the first failure with its status, unless keep_going: then every period is tried
     and the status is the first failure's (0 when none failed). A period held by a live owner
-    is skipped and reported; the ledger unreachable ends it with 75.
+    is skipped and reported; the ledger unreachable ends it with 75. A stop signal (SIGTERM,
+    SIGINT, SIGHUP) ends it after the period in hand, which it is forwarded to: the status
+    is then the first failure's that it did not interrupt, else 128+N.
     """
     from once.run.keeper import Keeper
+    from once.run.wrapper import Stop, signal_name
 
     progress = progress or Progress()
     progress.settings = settings
@@ -136,22 +146,27 @@ def catch_up(ledger: Ledger, job: Job, periods: Sequence[Period], command: Seque
     # One guard for the periods (once.run.keeper); a lone period forks its own, as `once run`
     # does, rather than pay for starting one (about 30 ms).
     settings.keeper = Keeper() if len(periods) > 1 else None
-    try:
-        for period in periods:
-            progress.period(period)
-            began = time.monotonic()
-            result = run_shards(ledger, job, period, command, settings, all_shards=True)
-            progress.result(period, result, time.monotonic() - began)
-            if result.outcome == "skipped-overlap":
-                break  # in order: no later period either while that attempt lives
-            if result.ok:
-                continue
-            first_failure = first_failure or result.status or 1
-            if not keep_going or result.outcome in outcomes.UNCLAIMED:
-                break
-    finally:
-        if settings.keeper is not None:
-            settings.keeper.close()
-        settings.keeper = None
-        progress.stop()
-    return first_failure
+    with Stop().caught() as stop:
+        settings.stop = stop
+        try:
+            for period in periods:
+                if stop.signal is not None:
+                    break  # no period is claimed after a stop signal
+                progress.period(period)
+                began = time.monotonic()
+                result = run_shards(ledger, job, period, command, settings, all_shards=True)
+                progress.result(period, result, time.monotonic() - began)
+                if result.outcome == "skipped-overlap":
+                    break  # in order: no later period either while that attempt lives
+                if result.ok or result.interrupted:
+                    continue
+                first_failure = first_failure or result.status or 1
+                if not keep_going or result.outcome in outcomes.UNCLAIMED:
+                    break
+        finally:
+            if settings.keeper is not None:
+                settings.keeper.close()
+            settings.keeper = settings.stop = None
+            progress.stopped_by = signal_name(stop.signal) if stop.signal else ""
+            progress.stop()
+    return first_failure or (128 + stop.signal if stop.signal else 0)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from once.run.keeper import Keeper
     from once.run.lease import Lease
     from once.run.notify import Notifier
-    from once.run.wrapper import Outcome
+    from once.run.wrapper import Outcome, Stop
 
 # Exit statuses of `once run` that are not the child's own (docs/reference/exit-status.md).
 EXIT_USAGE = 2
@@ -68,6 +68,7 @@ class Settings:
         self.log_format = log_format  # or "json": one object a line, for log shippers
         self.context = {} if context is None else context  # job, period, attempt: for logs
         self.keeper: Keeper | None = None  # catch-up's guard for all its periods (backfill)
+        self.stop: Stop | None = None  # catch-up's and --all-shards' stop signal (run_shards)
 
 
 def default_owner() -> str:
@@ -118,9 +119,11 @@ class Result(Frozen):
     outcome: outcomes.Result
     status: int
     output: bytes | None  # the tail of the command's output (None: not captured)
+    interrupted: bool  # a stop signal once forwarded ended it (or kept it from starting)
 
-    def __init__(self, outcome: outcomes.Result, status: int, output: bytes | None = None) -> None:
-        self._set(outcome=outcome, status=status, output=output)
+    def __init__(self, outcome: outcomes.Result, status: int, output: bytes | None = None,
+                 interrupted: bool = False) -> None:
+        self._set(outcome=outcome, status=status, output=output, interrupted=interrupted)
 
     @property
     def ran(self) -> bool:
@@ -218,16 +221,45 @@ def run_shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
 
     With all_shards, keep claiming until no shard is left; the result is the first
     failure's, else the last shard's. A shard's skip is not the run's: when no shard ran,
-    one skip is told to pings and hooks (failed out before held before done).
+    one skip is told to pings and hooks (failed out before held before done). A stop signal
+    (SIGTERM, SIGINT, SIGHUP: settings.stop, catch-up's or else its own) ends it after the
+    shard in hand, which it is forwarded to; with its own, the status is then the first
+    failure's that it did not interrupt, else 128+N.
     """
     if job.shards == 1:
         return run_period(ledger, job, period, command, settings)
+    if not all_shards or settings.stop is not None:
+        return _shards(ledger, job, period, command, settings, all_shards)
+    from once.run.wrapper import Stop
+
+    with Stop().caught() as stop:
+        settings.stop = stop
+        try:
+            result = _shards(ledger, job, period, command, settings, all_shards)
+        finally:
+            settings.stop = None
+    if stop.signal is None or (not result.ok and not result.interrupted):
+        return result
+    return Result(result.outcome, 128 + stop.signal, result.output, result.interrupted)
+
+
+def _shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
+            settings: Settings, all_shards: bool) -> Result:
     last: Result | None = None
     failure: Result | None = None
     skips: set[outcomes.Skip] = set()
     for shard in range(job.shards):
         result = run_period(ledger, job, period, command, settings, shard=shard,
                             notify_skip=False)
+        if settings.stop is not None and settings.stop.signal is not None:
+            left = job.shards - shard - 1  # not claimed: left for the next fire
+            if left:
+                from once.run.wrapper import signal_name
+
+                say(f"{job.name} {period.key}: stopped by {signal_name(settings.stop.signal)}"
+                    f": {left} shard{'' if left == 1 else 's'} not tried, left for the next "
+                    f"fire", settings, ERROR, "stopped")
+            return failure or result
         if result.outcome in outcomes.UNCLAIMED:
             return result
         if result.outcome in outcomes.SKIPS:
@@ -340,7 +372,8 @@ def _run_command(ledger: Ledger, job: Job, period: Period, shard: int | None, cl
             env.update({"ONCE_STATE": claim.state or "", "ONCE_STATE_OUT": state.path})
         on_start = settings.notifier.started if settings.notifier is not None else None
         outcome = wrapper.run(command, env, lease, settings.kill_after, settings.timeout,
-                             on_start, settings.output_tail, settings.keeper)
+                             on_start, settings.output_tail, settings.keeper,
+                             stop=settings.stop)
         if lease.stranded:  # closing or reusing that connection can crash (SQLite: SIGSEGV)
             ledger.abandon()
         new_state, state_error = state.read() if outcome.succeeded else (None, "")
@@ -369,22 +402,28 @@ def _not_recorded(ledger: Ledger, job: Job, key: str, claim: Claim, what: str,
 
 def _recorded(what: str, outcome: Outcome, status: outcomes.Status,
               settings: Settings) -> Result:
-    """The result of a recorded attempt, and once's exit status for it."""
+    """The result of a recorded attempt, and once's exit status for it: the command's own
+    (after a stop signal too, 0 included), 1 for a watermark that could not be stored, 124
+    for --timeout."""
     output = outcome.output
     if outcome.kind == "timed-out":
         say(f"{what}: timed out after --timeout {settings.timeout:g}s; recorded failed",
             settings, ERROR, "timed-out")
         return Result(outcomes.result(outcome.kind, status), EXIT_TIMEOUT, output)
+    interrupted = outcome.interrupted_by is not None
     if outcome.interrupted_by is not None:  # a pod's SIGTERM: the log must say why it ended
-        from once.run.wrapper import signal_name
+        from once.run.wrapper import NOT_STARTED, signal_name
 
-        say(f"{what}: {signal_name(outcome.interrupted_by)} received and forwarded to the "
-            f"command, which ended with status {outcome.status}; recorded failed "
-            f"(interrupted: not counted against --max-attempts)", settings, ERROR, "interrupted")
+        how = ("before its command started, which was not started" if outcome.message ==
+               NOT_STARTED else f"and forwarded to the command, which ended with status "
+               f"{outcome.status}")
+        say(f"{what}: {signal_name(outcome.interrupted_by)} received {how}; recorded failed "
+            f"(interrupted: not counted against --max-attempts)", settings, ERROR,
+            "interrupted")
     say(f"{what}: {status} (exit {outcome.status})", settings, VERBOSE, status)
-    if status == "failed" and outcome.status == 0:
+    if status == "failed" and outcome.status == 0 and not interrupted:  # a bad watermark
         return Result(status, 1, output)
-    return Result(outcomes.result(outcome.kind, status), outcome.status, output)
+    return Result(outcomes.result(outcome.kind, status), outcome.status, output, interrupted)
 
 
 # -- catch-up and rerun ----------------------------------------------------------------------

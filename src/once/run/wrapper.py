@@ -51,6 +51,7 @@ def run(
     output_tail: int = 0,
     keeper: Keeper | None = None,
     end_group: bool = False,
+    stop: Stop | None = None,
 ) -> Outcome:
     """Run command to its end (or ours) under lease; return how it ended.
 
@@ -61,6 +62,9 @@ def run(
     catch-up's guard, kept from one period to the next (once.run.keeper); None: a guard forked
     for this command alone. end_group: once the command has ended, kill what it left in its
     process group and wait for the group to be gone (once lead: nothing of a term outlives it).
+    stop: a run of several commands' (Stop): a stop signal it noted before the command could
+    start keeps it from starting (NOT_STARTED); one that comes while it runs is forwarded and
+    noted there too.
     """
     tty = _foreground_tty()
     grace = kill_after if lease is None else min(kill_after, max_grace(lease.stale_after))
@@ -74,7 +78,12 @@ def run(
     spawn = kept.spawn if kept is not None else _guard.spawn
     # Handlers go in before the fork: a signal that arrives while the guard starts is
     # forwarded, not lost (nor fatal to a wrapper whose guard would then kill the command).
+    supervisor.stop = stop
     with supervisor.signals():
+        if stop is not None and stop.signal is not None:  # our handlers are in: none is lost
+            if relay is not None:
+                relay.close_unforked()
+            return Outcome("signaled", 128 + stop.signal, stop.signal, message=NOT_STARTED)
         try:
             guard, report = spawn(
                 list(command), env, tty, _title(env), supervisor.ignored, supervisor.watch(),
@@ -91,6 +100,9 @@ def run(
             on_start()
         try:
             outcome = supervisor.wait(guard, report)
+            if stop is not None and tty is not None and outcome.kind == "signaled" and (
+                    outcome.status == 128 + signal.SIGINT):
+                stop.note(signal.SIGINT)  # Ctrl-C: the terminal sent it to the command alone
             if end_group:
                 _end_group(guard, supervisor.reap_all)
             return outcome
@@ -122,6 +134,43 @@ def _end_group(group: int, reap_all: bool, patience: float = 5.0) -> None:
                 while os.waitpid(-1, os.WNOHANG)[0] > 0:
                     pass
         time.sleep(0.01)
+
+
+# Outcome.message of a command that a stop signal kept from starting (Stop).
+NOT_STARTED = "not started"
+
+
+class Stop:
+    """The first stop signal (SIGTERM, SIGINT, SIGHUP) that a run of several commands got
+    (catch-up's periods, --all-shards' shards): no command starts after it, run() forwards
+    it to the one in hand, and the rest is left for the next fire (docs/concepts/liveness.md).
+    caught() notes one that comes between the commands (a claim, a final write), run() one
+    that comes while its command runs, or a Ctrl-C on the terminal that the command had
+    (which sends SIGINT to the command's process group alone)."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def note(self, number: int) -> None:
+        if self.signal is None:
+            self.signal = number
+
+    @contextmanager
+    def caught(self) -> Iterator[Stop]:
+        """Note the stop signals instead of dying of them (a signal ignored when once started
+        stays ignored); the main thread's alone (signal handlers are)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.getsignal(sig) for sig in FORWARDED}
+        for sig, handler in previous.items():
+            if handler != signal.SIG_IGN:
+                signal.signal(sig, lambda number, _frame: self.note(number))
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def signal_name(number: int) -> str:
@@ -205,6 +254,7 @@ class _Supervisor:
         self.ignored = frozenset(sig for sig in FORWARDED
                                  if signal.getsignal(sig) == signal.SIG_IGN)
         self.relay: Relay | None = None  # its idle pipes are watched here (once.run.relay)
+        self.stop: Stop | None = None  # a run of several commands': told of every stop signal
         self.tty: int | None = None  # the terminal to take back before the relay's last bytes
         self.stop_heartbeat = threading.Event()
         # Started when the first renewal is due: a command that ends sooner (most of a
@@ -348,6 +398,8 @@ class _Supervisor:
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum != signal.SIGCHLD:
             self.pending.append(signum)
+            if self.stop is not None:
+                self.stop.note(signum)
 
     def _heartbeat(self) -> None:
         assert self.lease is not None
