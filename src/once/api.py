@@ -288,12 +288,14 @@ def lead(name: str, *, db: str | None = None, lease: float = 15.0,
         term, sent = won
         held = elector.lease_for(term, sent)
         leader = Leader(stored, term, threading.Event(), held)
-        with _heartbeat(held), _watch(held, leader.lost,
-                                      leading.kill_after_for(lease, stop_within)):
-            yield leader
-        if held.stranded:  # a renewal stuck in the driver holds the connection
-            ledger.abandon()
-        elector.release(term, "lost" if leader.lost.is_set() else "released")
+        try:
+            with _heartbeat(held), _watch(held, leader.lost,
+                                          leading.kill_after_for(lease, stop_within)):
+                yield leader
+        finally:  # an exception leaves the block too: the lease goes with it
+            if held.stranded:  # a renewal stuck in the driver holds the connection
+                ledger.abandon()
+            elector.release(term, "lost" if leader.lost.is_set() else "released")
     finally:
         ledger.close()
 

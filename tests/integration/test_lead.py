@@ -145,6 +145,10 @@ def test_the_lease_is_released_when_the_command_ends(once_env: dict[str, str],
     assert int(second.stdout) == 2
     status = run_here("lead", "--name", NAME, "--retire", env=once_env)
     assert status.returncode == 0, status.stderr
+    # A retired name used again goes on from its history: never a term it has had.
+    third = subprocess.run([ONCE, "lead", "--name", NAME, "--", "sh", "-c", "echo $ONCE_TERM"],
+                           env=once_env, capture_output=True, text=True, timeout=60)
+    assert third.returncode == 0 and int(third.stdout) == 3, third.stderr
 
 
 def test_a_candidate_stopped_by_a_signal_exits_0(once_env: dict[str, str],
@@ -172,6 +176,7 @@ def test_a_candidate_stopped_by_a_signal_exits_0(once_env: dict[str, str],
 @pytest.mark.parametrize(("args", "words"), [
     (["--lease", "2s"], "--lease 2s"),
     (["--lease", "6s", "--kill-after", "3s"], "does not fit --lease 6s"),
+    (["--lease", "60s", "--kill-after", "30s"], "at most a third of the lease (20s)"),
     (["--retire", "--", "true"], "--retire takes no COMMAND"),
     ([], "no command given"),
 ])
@@ -241,3 +246,72 @@ def test_a_command_that_cannot_start_is_said_in_one_line(once_env: dict[str, str
     again = subprocess.run([ONCE, "lead", "--name", NAME, "--", "sh", "-c", "echo $ONCE_TERM"],
                            env=once_env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and again.stdout.strip() == "2"
+
+
+API_FAILING = """
+import sys, once
+try:
+    with once.lead("scheduler", db=sys.argv[1], lease=3) as leader:
+        raise RuntimeError("boom")
+except RuntimeError:
+    pass
+with once.lead("scheduler", db=sys.argv[1], lease=3) as leader:
+    print(leader.term)
+"""
+
+
+def test_the_python_api_releases_when_the_block_raises(ledger_url: str) -> None:
+    import sys
+
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", API_FAILING, ledger_url], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "2"
+    assert time.monotonic() - began < LEASE + 5.0  # not waiting the first lease out
+
+
+def test_a_dropped_connection_does_not_end_the_term(backend: object, ledger_url: str,
+                                                    once_env: dict[str, str],
+                                                    tmp_path: Path) -> None:
+    if not ledger_url.startswith("postgresql") or ":6432" in ledger_url:
+        pytest.skip("PostgreSQL: the server ends the leader's session")
+    import psycopg
+
+    from once.ledger import parse_url
+
+    log = tmp_path / "children.log"
+    leader = start_lead(once_env, log, "--lease", "6s")
+    try:
+        _, _, kid = leader_of([leader], log)
+        conninfo = parse_url(ledger_url).connect_args["conninfo"]
+        ports = _local_ports(leader.pid)
+        assert ports, "the leader holds a connection"
+        with psycopg.connect(conninfo, autocommit=True) as admin:
+            ended = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE client_port = ANY(%s)", (list(ports),)).fetchall()
+        assert ended
+        time.sleep(8.0)  # past the lease: renewals on a fresh connection kept it
+        assert leader.poll() is None, leader.stderr
+        assert alive(kid)
+    finally:
+        stop_all([leader])
+
+
+def _local_ports(pid: int) -> set[int]:
+    """The local TCP ports of a process's sockets (its connections to the server)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports

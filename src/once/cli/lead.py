@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from once import limits
-from once.cli.main import DURATION, cli, ledger_options, open_target, verbosity, verbosity_options
+from once.cli.main import DURATION, cli, ledger_options, open_target
 
 
 @cli.command(context_settings={"allow_interspersed_args": False})
@@ -17,7 +17,7 @@ from once.cli.main import DURATION, cli, ledger_options, open_target, verbosity,
                    "candidate takes over at most this long after a leader dies. 3s to 1 year.")
 @click.option("--kill-after", type=DURATION,
               help="SIGTERM the command this long before the lease's deadline, SIGKILL at it "
-                   "[default: a third of --lease, at most 10s].")
+                   "[default: a third of --lease, at most 10s; at most a third of --lease].")
 @click.option("--rejoin", is_flag=True,
               help="After the lease was lost (the command stopped), stand as a candidate "
                    "again instead of exiting 70.")
@@ -28,11 +28,15 @@ from once.cli.main import DURATION, cli, ledger_options, open_target, verbosity,
               help="Forget NAME (no COMMAND): once check stops watching it. Refused (exit 69) "
                    "while a leader holds it; its terms stay in the history.")
 @ledger_options
-@verbosity_options
+@click.option("-q", "--quiet", is_flag=True,
+              help="Log only errors (not each change of state: candidate, leading, released).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: one JSON object a line (time, level, event, "
+              "lead, owner, message).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARG]...")
 def lead(name: str, lease: float, kill_after: float | None, rejoin: bool, owner: str | None,
          retire: bool, db: str | None, db_password_file: str | None, namespace: str | None,
-         verbose: int, quiet: bool, log_format: str, command: tuple[str, ...]) -> int:
+         quiet: bool, log_format: str, command: tuple[str, ...]) -> int:
     """Run COMMAND on one process at a time of all that run `once lead --name NAME`.
 
     Every replica runs the same line; one wins the lease and runs COMMAND with ONCE_LEAD
@@ -56,7 +60,9 @@ def lead(name: str, lease: float, kill_after: float | None, rejoin: bool, owner:
         raise click.UsageError("no command given: once lead --name NAME -- COMMAND [ARG]...")
     who = limits.owner(owner) if owner else _default_owner()
     target = open_target(db, db_password_file)
-    voice = leading.Voice(stored, who, verbosity(verbose, quiet), log_format)
+    from once.messages import NORMAL, QUIET
+
+    voice = leading.Voice(stored, who, QUIET if quiet else NORMAL, log_format)
     from once.deadlines import statement_timeout
     from once.ledger import open_ledger
 

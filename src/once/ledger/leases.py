@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from once.deadlines import lease_now
-from once.ledger.base import Ledger
+from once.ledger.base import Ledger, schema_gate
 from once.ledger.records import LedgerError
 
 if TYPE_CHECKING:
@@ -48,6 +48,12 @@ _UNTIL = {"postgresql": "statement_timestamp() + make_interval(secs => %(lease)s
           "mysql": "UTC_TIMESTAMP(6) + INTERVAL ROUND(%(lease)s * 1000000) MICROSECOND",
           "sqlite": "(strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '+' || %(lease)s || "
                     "' seconds') || '000')"}
+
+
+# Every acquire carries the schema gate (once.ledger.base.schema_gate): a ledger a newer
+# once has upgraded refuses it, as it refuses a claim.
+_GATE = {dialect: schema_gate(integer) for dialect, integer in
+         (("postgresql", "integer"), ("mysql", "SIGNED"), ("sqlite", "INTEGER"))}
 
 
 def _next_term(dialect: str, timeline: bool) -> str:
@@ -204,15 +210,19 @@ class Leases:
         return Peek(True, left if holder is not None else 0.0, owner, int(term))
 
     # Made with no holder and long expired; the row's lock is then what acquirers race on.
+    # Its term goes on from the name's history: a name retired (its row deleted) and used
+    # again never hands out a term it has had.
     SEED = """INSERT INTO once_leases (name, term, lease_seconds, expires_at)
-              VALUES (%(name)s, 0, %(lease)s, %(epoch)s) {on_conflict}"""
-    SEED_CONFLICT = ("ON CONFLICT DO NOTHING", "ON DUPLICATE KEY UPDATE name = name")
+              SELECT %(new_name)s, COALESCE(MAX(term), 0), %(lease)s, %(epoch)s
+              FROM once_lead_terms WHERE name = %(name)s {on_conflict}"""
+    SEED_CONFLICT = ("ON CONFLICT DO NOTHING",
+                     "ON DUPLICATE KEY UPDATE once_leases.name = once_leases.name")
 
     ACQUIRE = """
         UPDATE once_leases SET holder = %(holder)s, owner = %(owner)s, term = {term},
                lease_seconds = %(lease)s, acquired_at = {now}, renewed_at = {now},
                expires_at = {until}
-        WHERE name = %(name)s AND (holder IS NULL OR expires_at <= {now})"""
+        WHERE name = %(name)s AND (holder IS NULL OR expires_at <= {now}) AND {gate}"""
     CLOSE_EXPIRED = """
         UPDATE once_lead_terms SET ended = 'expired', ended_at = %(expired_at)s
         WHERE name = %(name)s AND term < %(term)s AND ended IS NULL"""
@@ -225,7 +235,7 @@ class Leases:
     def acquire(self, name: str, holder: str, owner: str, lease: float) -> tuple[int, float] | None:
         """Take the lease if it is free: (the term won, when the statement was sent on the
         lease clock: the deadline counts from there); None when another holds it."""
-        params: Params = {"name": name, "holder": holder, "owner": owner,
+        params: Params = {"name": name, "new_name": name, "holder": holder, "owner": owner,
                           "lease": float(lease), "epoch": self.ledger.backend.bind(_EPOCH)}
         if not self._take_host_lock(name):
             return None  # SQLite: a leader's command may still run
@@ -236,7 +246,8 @@ class Leases:
             if previous is None:
                 execute(self._upsert(self.SEED, self.SEED_CONFLICT), params)
             term = self._acquire(execute, params)
-            if term is None:
+            if term is None:  # held; or a ledger newer than this once, which refuses us
+                self.ledger.refuse_newer(execute(self.ledger.STORED_VERSION, {}).fetchone())
                 return None
             expired_at = previous[1] if previous is not None and previous[0] else None
             if expired_at is not None:
@@ -247,14 +258,31 @@ class Leases:
 
         term = None
         try:
-            term = self._run("cannot acquire the lease in", work)
+            term = self._run_with_timeline("cannot acquire the lease in", work)
         finally:
             if term is None:
                 self.hand_over()  # not won (or failed): nobody is to hold it for us
         return None if term is None else (int(term), sent)
 
+    def _run_with_timeline(self, doing: str, work: Any) -> Any:
+        """_run; on a PostgreSQL server that cannot read its timeline (a role refused
+        pg_walfile_name, a server that is not PostgreSQL's own), again without its floor, as
+        once run's claims fall back (terms then grow by one alone)."""
+        if not self.timeline:
+            return self._run(doing, work)
+        from once.ledger.postgres import timeline_unreadable
+
+        try:
+            return self._run(doing, work)
+        except LedgerError as exc:
+            if not timeline_unreadable(exc.__cause__ or exc):
+                raise
+        self.timeline = False
+        return self._run(doing, work)
+
     def _acquire(self, execute: Any, params: Params) -> int | None:
-        sql = self.ACQUIRE.replace("{term}", _next_term(self.dialect, self.timeline))
+        sql = self.ACQUIRE.replace("{term}", _next_term(self.dialect, self.timeline)) \
+            .replace("{gate}", _GATE[self.dialect])
         if self.dialect == "mysql":
             cur = execute(sql, params)
             return int(cur.lastrowid) if cur.rowcount == 1 else None

@@ -25,7 +25,7 @@ from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING
 
 from once import limits
-from once.deadlines import lease_now, statement_timeout
+from once.deadlines import lease_now, max_grace
 from once.messages import ERROR, NORMAL, say
 from once.run.child import EXPORTED
 from once.run.guard import FORWARDED
@@ -52,11 +52,12 @@ def lease_problem(lease: float, kill_after: float | None) -> str:
         return (f"--lease {lease:g}s: use {LEASE_MIN:g}s to {limits.DURATION_MAX}s (renewed "
                 f"every third of it, each renewal bounded by at least a second)")
     grace = kill_after_for(lease, kill_after)
-    if grace + statement_timeout(lease) > lease * 2 / 3:
-        return (f"--kill-after {grace:g}s does not fit --lease {lease:g}s: the SIGTERM goes "
-                f"out --kill-after before the deadline, and the renewal due a third of the "
-                f"lease before needs its {statement_timeout(lease):g}s bound first; use at "
-                f"most {lease * 2 / 3 - statement_timeout(lease):.3g}s")
+    # A third: the renewal due a third of the lease before the SIGTERM has that long to be
+    # answered, which its bound (statement_timeout, at most a third) always fits.
+    if grace > max_grace(lease):
+        return (f"--kill-after {grace:g}s does not fit --lease {lease:g}s: the command must be "
+                f"dead by the lease's deadline, so the grace is at most a third of the lease "
+                f"({max_grace(lease):.3g}s)")
     return ""
 
 
@@ -156,9 +157,17 @@ class Elector:
     # -- the leader
 
     def lease_for(self, term: int, sent: float) -> Lease:
-        """The term as its holder keeps it (once.run.lease): renewed by holder and term."""
-        return Lease(lambda: self.leases.renew(self.name, self.holder, term, self.lease),
-                     self.lease, sent)
+        """The term as its holder keeps it (once.run.lease): renewed by holder and term. A
+        failed renewal closes the connection, so that the next opens a fresh one (a server
+        restarted, a proxy's idle timeout, a failover: the lease outlives a short outage)."""
+        def renew() -> bool:
+            try:
+                return self.leases.renew(self.name, self.holder, term, self.lease)
+            except Exception:
+                self.ledger.close()
+                raise
+
+        return Lease(renew, self.lease, sent)
 
     def release(self, term: int, how: str = "released") -> bool:
         """Give the lease up (the command's group is dead); False when it could not be
