@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Protocol
 
-from once.secrets import scrub, scrub_json
+from once.secrets import scrub_json, scrub_line
 
 QUIET, NORMAL, VERBOSE = 0, 1, 2  # -q, the default, -v
 ERROR = QUIET  # a message at this level is shown even with -q: "log only errors"
@@ -38,7 +38,7 @@ def say(message: str, settings: Voice | None = None, level: int = NORMAL,
     if settings is None or settings.log_format != "json":
         from once.escape import shown  # an owner or a reason may hold control characters
 
-        print(scrub(f"once: {shown(message)}"), file=sys.stderr, flush=True)
+        print(scrub_line(f"once: {shown(message)}"), file=sys.stderr, flush=True)
         return
     import json
     from datetime import UTC, datetime

@@ -29,6 +29,7 @@ _remembered: tuple[str, ...] = ()  # every form of every secret, longest first
 # passwd), and in libpq's key=value form: password=s, password = 's \' t'.
 _QUERY = r"[?&](?:ssl)?pass(?:word|wd)=([^&#]*)([^&]*)"  # to a # (a fragment?), and past it
 _KEYWORD = r"(?<![\w.])(?:ssl)?pass(?:word|wd)\s*=\s*('(?:[^'\\]|\\.)*'|(?:[^\s'\\]|\\.)+)"
+_URL_PASSWORD = r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:)[^\s/?#@]+@"
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
 
 
@@ -66,8 +67,11 @@ def forms(url: str | None = None, password: str | None = None) -> tuple[str, ...
 
 def scrub(text: str, also: Iterable[str] = ()) -> str:
     """text with every form of every remembered secret (and of `also`) replaced by ***."""
-    secrets = _remembered if not also else _ordered({*_remembered, *also})
-    for secret in secrets:
+    return _replaced(text, _remembered if not also else _ordered({*_remembered, *also}))
+
+
+def _replaced(text: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:  # longest first: a form that holds another goes whole
         if secret in text:
             text = text.replace(secret, MASK)
     return text
@@ -75,22 +79,39 @@ def scrub(text: str, also: Iterable[str] = ()) -> str:
 
 def scrub_json(text: str, also: Iterable[str] = ()) -> str:
     """A JSON document with every string (keys too) scrubbed, and nothing else touched: the
-    answer is JSON still, whatever the secret holds (a quote, a backslash, a comma)."""
-    if not _remembered and not also:
+    answer is JSON still, whatever the secret holds (a quote, a backslash, a comma). A
+    document that holds no secret, as JSON writes one, is handed back at once."""
+    secrets = _remembered if not also else _ordered({*_remembered, *also})
+    if not secrets:
         return text
     import json
     import re
 
-    extra = tuple(also)
+    written = {json.dumps(s, ensure_ascii=ascii_only)[1:-1] for s in secrets
+               for ascii_only in (True, False)}
+    if not any(form in text for form in written):
+        return text
 
     def scrubbed(found: re.Match[str]) -> str:
         literal = found.group()
-        value = json.loads(literal)
-        clean = scrub(value, extra)
+        value = json.loads(literal) if "\\" in literal else literal[1:-1]
+        clean = _replaced(value, secrets)
         return literal if clean == value else json.dumps(clean,
                                                          ensure_ascii=literal.isascii())
 
     return re.sub(r'"(?:[^"\\]|\\.)*"', scrubbed, text)
+
+
+def scrub_line(text: str) -> str:
+    """One of once's own lines (`once:`, a usage error), scrubbed, and any password in a
+    URL it quotes (scheme://user:PASSWORD@) replaced too, remembered or not: a usage error
+    may quote a URL given where none was expected, before any was read."""
+    text = scrub(text)
+    if "://" not in text or "@" not in text:
+        return text
+    import re
+
+    return re.sub(_URL_PASSWORD, r"\1***@", text)
 
 
 @contextlib.contextmanager

@@ -488,10 +488,10 @@ def _end_past_threads(code: int) -> None:
 
 def _fail(message: str, status: int) -> int:
     from once.escape import shown
-    from once.secrets import scrub
+    from once.secrets import scrub, scrub_line
 
     # One line of printable text, whatever was typed; scrubbed before the blanks are joined
     # (a password may hold two spaces or a tab) and after the escapes (it may hold a control).
     line = shown(" ".join(scrub(message).split()))
-    print(scrub(f"once: {line}"), file=sys.stderr)
+    print(scrub_line(f"once: {line}"), file=sys.stderr)
     return status
