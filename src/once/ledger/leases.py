@@ -242,6 +242,8 @@ class Leases:
         sent = lease_now()
 
         def work(execute: Any) -> int | None:
+            nonlocal sent  # this try's: a first use makes the tables first, which may be slow
+            sent = lease_now()
             previous = execute(self.PREVIOUS, params).fetchone()
             if previous is None:
                 execute(self._upsert(self.SEED, self.SEED_CONFLICT), params)
