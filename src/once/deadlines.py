@@ -7,8 +7,10 @@ never imports the wrapper's process machinery.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 # --kill-after when it is not given; shortened to fit a short --stale-after (max_grace).
 DEFAULT_KILL_AFTER = 10.0
@@ -31,6 +33,27 @@ def _lease_clock() -> Callable[[], float]:
 
 # Every lease deadline is computed and compared on this clock, in every process.
 lease_now: Callable[[], float] = _lease_clock()
+
+
+_bound = threading.local()  # the deadline of this thread's statements (statements_until)
+
+
+@contextmanager
+def statements_until(deadline: float) -> Iterator[None]:
+    """The ledger statements this thread sends in the block wait no longer than `deadline`
+    (on the lease clock): a renewal is bounded by the lease it renews, whatever the
+    statements' own timeouts (once.ledger.watchdog cancels it there)."""
+    outer = getattr(_bound, "until", None)
+    _bound.until = deadline if outer is None else min(outer, deadline)
+    try:
+        yield
+    finally:
+        _bound.until = outer
+
+
+def statement_bound() -> float | None:
+    """The deadline statements_until set for this thread's statements (None: none)."""
+    return getattr(_bound, "until", None)
 
 
 def max_grace(stale_after: float) -> float:

@@ -7,21 +7,28 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from helpers import run_either, run_once, wait_for
-from ledger_sql import query
-from procs import reaped, start_once
+from ledger_sql import placeholders, query
+from procs import alive, reaped, start_once
 
 REFUSED = 69
 
 
 def _hold(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    """A real `once run` (ARGS) whose command waits for tmp_path/go; returned once it runs."""
+    """A real `once run` (ARGS) whose command waits for tmp_path/go; returned once it runs
+    (the command's pid in tmp_path/started)."""
     go, started = tmp_path / "go", tmp_path / "started"
     owner = start_once("run", *args, "--", "sh", "-c",
-                       f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done", env=env)
+                       f"echo $$ > {started}.tmp; mv {started}.tmp {started}; "
+                       f"while [ ! -e {go} ]; do sleep 0.05; done", env=env)
     wait_for(lambda: started.exists() or owner.poll() is not None, timeout=60,
              what="the live attempt's command")
     assert owner.poll() is None, owner.communicate()
@@ -158,3 +165,101 @@ def test_a_catch_up_names_the_period_a_live_owner_holds(
     dry = run_once("catchup", *every, "--since", _days_ago(5), "--until", _days_ago(1),
                    "--dry-run", env=once_env)
     assert dry.returncode == 0 and dry.stdout == "", dry.stdout
+
+
+class _RowLock:
+    """Another session's transaction holding the lock a renewal of `job` needs: PostgreSQL's
+    and MySQL's row lock on its once_runs row (SELECT ... FOR UPDATE), SQLite's write lock
+    (BEGIN IMMEDIATE), held until close()."""
+
+    def __init__(self, url: str, job: str) -> None:
+        from once.ledger import parse_url
+
+        target = parse_url(url)
+        self.dialect = target.dialect
+        if self.dialect == "sqlite":
+            import sqlite3
+
+            self.conn: Any = sqlite3.connect(target.path, isolation_level=None)
+            self.conn.execute("BEGIN IMMEDIATE")
+            return
+        from once.ledger.connect import connect
+
+        self.conn = connect(target, 10, autocommit=False)
+        cur = self.conn.cursor()
+        cur.execute(placeholders("SELECT attempt FROM once_runs WHERE job = ? FOR UPDATE",
+                                 url), (job,))
+        assert cur.fetchall()
+
+    def close(self) -> None:
+        if self.dialect == "sqlite":
+            self.conn.execute("ROLLBACK")
+        else:
+            self.conn.rollback()
+        self.conn.close()
+
+
+def test_a_renewal_that_waits_on_another_sessions_row_lock_says_so(
+        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    # --stale-after 3s: PostgreSQL's watchdog would cancel the renewal at 3.75 s, past the
+    # lease's deadline; it is bounded by the deadline, and the line names the lock.
+    owner = _hold(tmp_path, once_env, "--job", "locked", "--every", "minute",
+                  "--stale-after", "3s")
+    lock = _RowLock(ledger_url, "locked")
+    try:
+        began = time.monotonic()
+        _, err = owner.communicate(timeout=60)
+        took = time.monotonic() - began
+    finally:
+        lock.close()
+        _let_go(owner, tmp_path)
+    assert owner.returncode == 70, err
+    [line] = [line for line in err.splitlines() if "fenced out" in line]
+    assert took < 3 + 5, took  # the deadline, and the wrapper's own wait for its heartbeat
+    if lock.dialect == "mysql":  # its read timeout (a second) ends the wait, unexplained:
+        return  # innodb_lock_wait_timeout, a whole number of seconds, cannot come first
+    waited = ("the database's write lock" if lock.dialect == "sqlite" else "a row lock")
+    assert f"the renewals waited on {waited} held by another session past the deadline" in \
+        line, err
+    assert "unreachable" not in line, err
+
+
+def _renewal_waiting(url: str, dialect: str) -> bool:
+    """A renewal (UPDATE once_runs SET heartbeat_at ...) waits in this test's database on a
+    lock."""
+    if dialect == "postgresql":
+        sql = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+               "AND datname = current_database() AND query LIKE '%SET heartbeat_at%'")
+    else:
+        sql = ("SELECT count(*) FROM information_schema.PROCESSLIST WHERE COMMAND = 'Query' "
+               "AND DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE '%SET heartbeat_at%'")
+    return bool(query(url, sql)[0][0])
+
+
+def test_an_owner_stopped_with_a_renewal_out_says_it_was_stopped(
+        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    owner = _hold(tmp_path, once_env, "--job", "stopped", "--every", "minute",
+                  "--stale-after", "3s", "--kill-after", "1s")
+    lock = _RowLock(ledger_url, "stopped")
+    try:
+        if lock.dialect == "sqlite":
+            pytest.skip("a SQLite renewal's wait on the write lock cannot be seen from outside")
+        wait_for(lambda: _renewal_waiting(ledger_url, lock.dialect), timeout=30,
+                 what="a renewal waiting on the row lock")
+        owner.send_signal(signal.SIGSTOP)  # the guard, a process of its own, keeps watch
+        command = int((tmp_path / "started").read_text())
+        wait_for(lambda: not alive(command), timeout=30,
+                 what="the guard to end the command at the deadline")
+        time.sleep(3)  # the stop lasts well past the deadline (1 s of grace, STALLED 1 s)
+        owner.send_signal(signal.SIGCONT)
+        _, err = owner.communicate(timeout=60)
+    finally:
+        with suppress(ProcessLookupError):
+            owner.send_signal(signal.SIGCONT)
+        lock.close()
+        _let_go(owner, tmp_path)
+    assert owner.returncode == 70, err
+    [line] = [line for line in err.splitlines() if "fenced out" in line]
+    assert "its deadline passed while this process was stopped or suspended (it stepped " \
+           "down " in line, err
+    assert "unreachable" not in line and "waited on" not in line, err

@@ -469,10 +469,10 @@ class Ledger:
         except (LedgerError, CommandDrift):
             raise
         except Exception as exc:
-            where = self.target.redacted
-            error = LedgerError(f"{doing} the ledger {where}: {describe(exc)}"
-                                f"{self._explain(exc)}")
+            error = LedgerError(f"{doing} the ledger {self.target.redacted}: "
+                                f"{describe(exc)}{self._explain(exc)}")
             error.failure, error.cause = self.backend.failure(exc), describe(exc)
+            error.lock = self.backend.lock_waited(exc)
             raise error from exc
 
     def _explain(self, exc: BaseException) -> str:

@@ -197,6 +197,15 @@ class Dialect:
         Galera lost): read the row again, the other may have won."""
         return errors.lost_race(self.rules, exc)
 
+    def read_timed_out(self, exc: BaseException) -> bool:
+        """The client's read timeout ended the statement: the server may have done it."""
+        return errors.read_timed_out(self.rules, exc)
+
+    def lock_waited(self, exc: BaseException) -> str:
+        """The lock another session held that the failed statement waited on until its bound
+        ("a row lock"; LedgerError.lock), or ""."""
+        return errors.lock_waited(self.rules, exc)
+
     def made_elsewhere(self, exc: BaseException) -> bool:
         """A creation or upgrade that met what another node made at the same moment."""
         return errors.made_elsewhere(self.rules, exc)

@@ -64,6 +64,9 @@ _MADE_ELSEWHERE = {1050, 1054, 1060, 1061, 1062, 1213, 1684, 1826, 3822}
 # A transaction another one's rolled back: MySQL's deadlock (Galera's lost certification
 # too) and lock wait; PostgreSQL's serialization failure and deadlock.
 _MYSQL_RACES = {1213, 1205}
+_MYSQL_LOCK_WAIT = 1205  # innodb_lock_wait_timeout: another transaction held the row
+_MYSQL_LOST = 2013  # "Lost connection to MySQL server during query", "(timed out)": PyMySQL's
+# read timeout
 _PG_RACES = {"40001", "40P01"}
 
 
@@ -75,13 +78,17 @@ class Rules(Frozen):
     missing: Callable[[BaseException], str | None]  # "table", "column" or None
     races: Callable[[BaseException], bool]
     made_elsewhere: Callable[[BaseException], bool]
+    waited_on: Callable[[BaseException], str]  # the lock a statement waited on, or ""
+    timed_out: Callable[[BaseException], bool]  # a read the client gave up on (no answer)
 
     def __init__(self, coded: Callable[[BaseException], Failure | None],
                  lost_connection: Failure, missing: Callable[[BaseException], str | None],
                  races: Callable[[BaseException], bool] = lambda exc: False,
-                 made_elsewhere: Callable[[BaseException], bool] = lambda exc: False) -> None:
+                 made_elsewhere: Callable[[BaseException], bool] = lambda exc: False,
+                 waited_on: Callable[[BaseException], str] = lambda exc: "",
+                 timed_out: Callable[[BaseException], bool] = lambda exc: False) -> None:
         self._set(coded=coded, lost_connection=lost_connection, missing=missing, races=races,
-                  made_elsewhere=made_elsewhere)
+                  made_elsewhere=made_elsewhere, waited_on=waited_on, timed_out=timed_out)
 
 
 def failure(rules: Rules, exc: BaseException) -> Failure:
@@ -130,6 +137,21 @@ def lost_race(rules: Rules, exc: BaseException) -> bool:
     return rules.races(exc)
 
 
+def read_timed_out(rules: Rules, exc: BaseException) -> bool:
+    """The client gave up waiting for the statement's answer (its read timeout): the server
+    may still be at it, or have done it. A claim tries again, and learns from the row whether
+    it had (once.ledger.mysql: a Galera cluster's failure detection holds commits for
+    seconds); any other statement takes it as the server unreachable."""
+    return rules.timed_out(exc)
+
+
+def lock_waited(rules: Rules, exc: BaseException) -> str:
+    """What the statement that failed with `exc` had waited on until its bound (a lock
+    timeout, a cancel, our watchdog's): "a row lock" (another session held it: a `once:` line
+    says so, not "unreachable"); "" when it was not waiting on a lock."""
+    return rules.waited_on(exc)
+
+
 def made_elsewhere(rules: Rules, exc: BaseException) -> bool:
     return rules.made_elsewhere(exc)
 
@@ -152,10 +174,20 @@ def _pg_coded(exc: BaseException) -> Failure | None:
     return None
 
 
+def _pg_waited_on(exc: BaseException) -> str:
+    """A lock timeout (55P03), or any error raised while the statement waited for another
+    transaction's row, whose context then names the tuple ("while updating tuple (0,1) in
+    relation ..."): a cancel at the statement's bound, a statement timeout."""
+    context = getattr(getattr(exc, "diag", None), "context", None) or ""
+    if context.startswith("while ") and " tuple" in context:
+        return "a row lock"
+    return "a lock" if getattr(exc, "sqlstate", None) == "55P03" else ""
+
+
 POSTGRES = Rules(
     _pg_coded, "unreachable",
     lambda exc: _UNDEFINED_SQLSTATES.get(getattr(exc, "sqlstate", None) or ""),
-    races=lambda exc: getattr(exc, "sqlstate", None) in _PG_RACES)
+    races=lambda exc: getattr(exc, "sqlstate", None) in _PG_RACES, waited_on=_pg_waited_on)
 
 
 # -- MySQL and MariaDB: the error number
@@ -174,7 +206,10 @@ def _mysql_coded(exc: BaseException) -> Failure | None:
 MYSQL = Rules(
     _mysql_coded, "unreachable", lambda exc: _UNDEFINED_MYSQL.get(error_code(exc) or 0),
     races=lambda exc: error_code(exc) in _MYSQL_RACES,
-    made_elsewhere=lambda exc: error_code(getattr(exc, "orig", None) or exc) in _MADE_ELSEWHERE)
+    made_elsewhere=lambda exc: error_code(getattr(exc, "orig", None) or exc) in _MADE_ELSEWHERE,
+    waited_on=lambda exc: "a row lock" if error_code(exc) == _MYSQL_LOCK_WAIT else "",
+    timed_out=lambda exc: error_code(exc) == _MYSQL_LOST and str(exc.args[-1]).endswith(
+        "(timed out)"))
 
 
 # -- SQLite: the primary result code, and the message
@@ -193,4 +228,13 @@ def _sqlite_missing(exc: BaseException) -> str | None:
     return next((what for words, what in _UNDEFINED_SQLITE.items() if words in text), None)
 
 
-SQLITE = Rules(_sqlite_coded, "transient", _sqlite_missing)  # one writer: busy, not lost
+def _sqlite_waited_on(exc: BaseException) -> str:
+    """SQLITE_BUSY, SQLITE_LOCKED: another connection held the database's write lock past
+    the busy timeout."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return "the database's write lock" if isinstance(code, int) and code & 0xFF in (5, 6) \
+        else ""
+
+
+SQLITE = Rules(_sqlite_coded, "transient", _sqlite_missing,  # one writer: busy, not lost
+               waited_on=_sqlite_waited_on)

@@ -192,6 +192,7 @@ class LedgerError(Exception):
 
     failure: Failure = "permanent"
     cause: str = ""
+    lock: str = ""  # what the statement waited on until its bound, held by another session
 
     def __str__(self) -> str:
         """The message, scrubbed of the ledger's secrets (once.secrets): the Python API

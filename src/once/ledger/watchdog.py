@@ -4,8 +4,8 @@ its connection's socket down at its second), of the commits that create, upgrade
 ledger (watched_commit: the same limits), and of one whole read of `once serve`
 (ReadWatchdog: its connection's socket shut down when the read outlasts its time).
 
-Imports only the stdlib and once.ledger's base (the socket's shutdown) and dialects (a
-connection's socket).
+Imports only the stdlib, the lease clock and its statements' bound (once.deadlines), and
+once.ledger's base (the socket's shutdown) and dialects (a connection's socket).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
+from once.deadlines import lease_now, statement_bound
 from once.ledger.base import shut_down
 from once.ledger.dialects import socket_of
 from once.ledger.url import Target
@@ -60,7 +61,9 @@ class _StatementWatchdog:
 
     def arm(self, fd: int, cancel_after: float, shut_after: float,
             cancel: Callable[[], None]) -> int:
-        """Call cancel after cancel_after seconds, shut fd down after shut_after."""
+        """Call cancel after cancel_after seconds, shut fd down after shut_after; sooner where
+        the statement's thread is bounded (bounded)."""
+        cancel_after, shut_after = bounded(cancel_after, shut_after)
         with self._changed:
             if not self._watching:
                 self._watching = True
@@ -104,6 +107,22 @@ class _StatementWatchdog:
 
 
 WATCHDOG = _StatementWatchdog()
+
+# How long before its bound a bounded statement is cancelled: the server's answer, which says
+# what the statement was waiting for (a row lock), comes back by the bound.
+CANCEL_ANSWER = 0.5
+
+
+def bounded(cancel_after: float, shut_after: float) -> tuple[float, float]:
+    """A statement's limits (seconds from now), cut to the deadline its thread's statements
+    are bounded by (once.deadlines.statements_until: a renewal's lease): cancelled
+    CANCEL_ANSWER before it, its socket shut down at it. Without such a deadline, or with
+    limits inside it, they are as given."""
+    bound = statement_bound()
+    if bound is None:
+        return cancel_after, shut_after
+    left = max(0.0, bound - lease_now())
+    return min(cancel_after, max(0.0, left - CANCEL_ANSWER)), min(shut_after, left)
 
 
 def limits(statement_timeout: float) -> tuple[float, float]:

@@ -114,7 +114,7 @@ def _retried(ledger: Ledger, job: Job, lease: Lease,
             lease.last_error, lease.failure = str(exc), "no-answer"
             ledger.abandon()  # the statement still waits on the connection: never close it
         except LedgerError as exc:
-            lease.last_error, lease.failure = str(exc), exc.failure
+            lease.failed(exc)
             ledger.close()
             size = next(cuts, None) if exc.failure in ("unfit", "slow") else None
             if size is not None:  # at once: the next try is smaller
@@ -150,7 +150,10 @@ def lost_reason(ledger: Ledger, job: str, key: str, claim: Claim) -> str:
 
 def trouble(lease: Lease, what: str) -> str:
     """What kept the ledger from taking `what` (the lease's writes), as a `once:` line says it
-    (lease.failure): unreachable only when it was (or gave no answer)."""
+    (lease.failure): unreachable only when it was (or gave no answer); a lock another
+    session held, by name."""
+    if lease.failure == "locked":
+        return f"{what} waited on {lease.waited_on} held by another session"
     if lease.failure in ("unreachable", "no-answer", ""):
         return "the ledger stayed unreachable"
     if lease.failure == "permanent":

@@ -15,10 +15,16 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from once.deadlines import lease_now, statement_timeout
+from once.deadlines import lease_now, statement_timeout, statements_until
 from once.run.guard import FORWARDED
 
 T = TypeVar("T")
+
+
+# An owner steps down at its lease's deadline less the command's grace (once.run.machine),
+# waking at least every second: one that gets to it later than this past the deadline itself
+# was stopped (SIGSTOP, a suspend) or starved meanwhile, whatever its renewals met.
+STALLED = 1.0
 
 
 class NoAnswer(Exception):
@@ -35,12 +41,14 @@ class Lease:
         self._renew = renew
         self.stale_after = stale_after
         self.deadline = sent_at + stale_after
-        self.last_sent = sent_at
+        self.last_sent = self.claimed_at = sent_at
         self.lost = False
         self.last_error: str = ""
         # What kind of failure that was (a LedgerError's `failure`: unreachable, transient,
-        # unfit, slow, permanent; "no-answer"), so that a `once:` line names it (once.run.attempt).
+        # unfit, slow, permanent; "no-answer"; "locked", with what it waited on in `waited_on`),
+        # so that a `once:` line names it (once.run.attempt).
         self.failure = ""
+        self.waited_on = ""  # a row lock: what another session held that a statement waited on
         # The heartbeat thread was left behind in a statement (or on its way to one): its
         # connection is its own from then on (never closed under it, never shared).
         self.stranded = False
@@ -86,10 +94,13 @@ class Lease:
         with self.lock:
             sent = self.last_sent = lease_now()
             try:
-                ours = self._renew()
+                with statements_until(self.deadline):  # no wait outlives the lease
+                    ours = self._renew()
             except Exception as exc:  # keep trying until the deadline
-                self.last_error = str(exc)
-                self.failure = getattr(exc, "failure", "unreachable")  # a LedgerError's word
+                # Once the owner steps down its reason stands (a stop; a renewal that got no
+                # answer, which the bound's shutdown then fails), but for the lock it waited on.
+                if not self.overslept and (not self.stepping_down or getattr(exc, "lock", "")):
+                    self.failed(exc)
                 return False
         if ours:
             # An answer that came too late (past the deadline, or once the command was being
@@ -100,6 +111,13 @@ class Lease:
         else:
             self.lost = True
         return ours
+
+    def failed(self, exc: BaseException) -> None:
+        """Keep what a statement of this lease's met, for the `once:` line: a LedgerError's
+        failure, or "locked" when it waited on a lock another session held (`waited_on`)."""
+        self.last_error = str(exc)
+        self.waited_on = getattr(exc, "lock", "")
+        self.failure = "locked" if self.waited_on else getattr(exc, "failure", "unreachable")
 
     @staticmethod
     def now() -> float:
@@ -152,14 +170,23 @@ class Lease:
 
     def step_down_reason(self) -> None:
         """The owner steps down: keep the reason. With no error seen, a renewal is still
-        waiting for an answer."""
+        waiting for an answer; but a step-down that comes STALLED past the deadline, once
+        renewals have begun, says that this process was stopped (or starved) meanwhile,
+        whatever its renewals met then (a statement waits no longer than the deadline)."""
         self.stepping_down = True
-        if self.lock.locked():  # a renewal is in the ledger
-            if not self.lost and not self.last_error:
-                self.last_error = "a renewal got no answer from the ledger"
-                self.failure = "no-answer"
-        elif not self.lost:
+        late = lease_now() - self.deadline
+        if self.lost:
+            return
+        if late > STALLED and self.last_sent > self.claimed_at:  # renewing, then stopped
+            self.overslept = True
+            self.last_error = (f"its deadline passed while this process was stopped or "
+                               f"suspended (it stepped down {late:.1f}s after it)")
+            self.failure = ""
+        elif not self.lock.locked():
             self._overslept()
+        elif not self.last_error:
+            self.last_error = "a renewal got no answer from the ledger"
+            self.failure = "no-answer"
 
     def _overslept(self) -> None:
         """No renewal failed, none is under way, and the deadline came: this process did not
