@@ -251,33 +251,74 @@ class MysqlLedger(Ledger):
         certification, each of which rolled it back. A conflict usually means another claim
         of the job committed first: the row is read (without writing: a lost claim's write of
         the job row would only conflict again) and a claim that beat ours is a skip, as any
-        lost claim; otherwise the claim is tried again, _CLAIM_TRIES times in all."""
+        lost claim; otherwise the claim is tried again, _CLAIM_TRIES times in all.
+
+        A read that timed out (a Galera cluster's failure detection holds commits for
+        seconds) is tried again on a fresh connection, within connect_patience: that try may
+        have committed, its answer lost, so a later one that does not win looks for the row
+        under this claim's own id (_after_lost). Never claimed twice, nor run twice."""
         params = {**params, "rerun": int(params["rerun"])}
-        causal = False
-        tries = 0
+        self._causal = False
+        lost_answer = 0.0  # when the first try whose answer was lost went out
+        give_up, tries = lease_now() + self.connect_patience, 0
         try:
             while True:
                 tries += 1
                 self.claim_sent = lease_now()  # the lease counts from the try that wins
                 try:
                     with self._transaction() as cur:
-                        return self._claim_in(cur, params)
+                        claim = self._claim_in(cur, params)
+                    return self._after_lost(claim, params, lost_answer)
                 except Exception as exc:
-                    if not self.backend.lost_race(exc):  # a deadlock, a lock wait, Galera's
-                        raise
-                    causal = causal or self._causal_reads(True)
-                    lost = self._beaten_by(params)
+                    if self.backend.read_timed_out(exc) and lease_now() < give_up:
+                        lost_answer = lost_answer or self.claim_sent
+                        self.reconnect()  # the driver closed it
+                        self._causal = self._causal_reads(True)
+                        continue
+                    lost = self._lost_race(exc, params, tries)
                     if lost is not None:
-                        return lost
-                    if tries == _CLAIM_TRIES:
-                        raise
+                        return self._after_lost(lost, params, lost_answer)
                 import random  # only on this rare path
 
                 time.sleep(random.uniform(0.5, 1.0) * min(1.0, 0.01 * 2 ** tries))
         finally:
-            if causal:
+            if self._causal:
                 with suppress(Exception):  # a broken connection is replaced anyway
                     self._causal_reads(False)
+
+    _causal = False  # this claim's session reads causally (_causal_reads)
+
+    def _lost_race(self, exc: Exception, params: Params, tries: int) -> Claim | None:
+        """The claim that beat ours (a skip), or None: try again; exc again when it is no
+        lost race (a deadlock, a lock wait, Galera's certification) or no try is left."""
+        if not self.backend.lost_race(exc):
+            raise exc
+        self._causal = self._causal or self._causal_reads(True)
+        lost = self._beaten_by(params)
+        if lost is None and tries == _CLAIM_TRIES:
+            raise exc
+        return lost
+
+    # Our claim, running, if a try whose answer was lost committed it (no other has its id).
+    OURS = """
+        SELECT r.attempt, r.fence, j.state, j.state_version FROM once_runs r
+        JOIN once_jobs j ON j.job = r.job WHERE r.job = %(job)s AND r.period = %(period)s
+          AND r.claim_id = %(claim_id)s AND r.status = 'running'"""
+
+    def _after_lost(self, claim: Claim, params: Params, lost_answer: float) -> Claim:
+        """After a try whose answer was lost (sent at lost_answer; 0: none), a skip may be
+        that try's win (read causally), whose lease counts from it. A try that won wrote its
+        own heartbeat (even over our earlier try's row, gone stale)."""
+        if not lost_answer or claim.won:
+            return claim
+        with self._transaction() as cur:
+            cur.execute(self.OURS, params)
+            row = cur.fetchone()
+        if row is None:
+            return claim
+        self.claim_sent = lost_answer
+        return Claim(True, int(row[0]), int(row[1]), state=row[2], state_version=int(row[3]),
+                     claim_id=params["claim_id"])
 
     def _beaten_by(self, params: Params) -> Claim | None:
         """The claim that holds the row, if ours could not take it (records.beaten)."""
