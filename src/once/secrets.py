@@ -158,12 +158,29 @@ def _scrubbed_thread_excepthook(args: Any) -> None:
 # -- the forms ------------------------------------------------------------------------------
 
 
+# A plain path names a SQLite file (`--db ./once.db`, once.ledger.url) and holds no secret:
+# one that starts as a path does, or ends as a SQLite file's name does. A libpq `key=value`
+# string never is one (it has an `=`), nor a URL whose `://` was mistyped (`postgres:/h/db`).
+_PATH_STARTS = ("/", "./", "../", "~/")
+_FILE_ENDS = (".db", ".sqlite", ".sqlite3")
+
+
+def plain_path(value: str) -> bool:
+    if "=" in value or value != value.strip() or "://" in value or not value.isprintable():
+        return False
+    if value.startswith(_PATH_STARTS):
+        return True
+    return value.endswith(_FILE_ENDS) and ":" not in value.partition("/")[0]
+
+
 def url_forms(url: str) -> set[str]:
     """The forms of a URL's secrets: its user part's password as written (read as urlsplit
     reads it, and as far as the last @, for a password with a raw / ? or #), the query's and
     libpq key=value passwords; the URL whole when it is no URL once can read."""
     scheme, sep, rest = url.partition("://")
     found: set[str] = set()
+    if plain_path(url):
+        return found
     if not sep or not url.isprintable() or not is_scheme(scheme):
         found |= password_forms(url.strip())
     authority = rest

@@ -284,9 +284,9 @@ def test_prune_without_tables_says_so_and_creates_nothing(once_env: dict[str, st
 def test_prune_against_an_unreachable_ledger_is_one_line_and_75(once_env: dict[str, str],
                                                                 ledger_url: str,
                                                                 tmp_path: Path) -> None:
-    if ledger_url.startswith("sqlite"):
-        (tmp_path / "a-directory.db").mkdir()
-        url = f"sqlite:///{tmp_path}/a-directory.db"
+    if ledger_url.startswith("sqlite"):  # a file SQLite cannot read (a directory is exit 2)
+        (tmp_path / "garbage.db").write_bytes(b"not a database " * 512)
+        url = f"sqlite:///{tmp_path}/garbage.db"
     else:
         scheme = ledger_url.partition("://")[0]
         url = f"{scheme}://nobody@127.0.0.1:1/nowhere"

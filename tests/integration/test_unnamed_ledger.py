@@ -246,3 +246,60 @@ def test_the_python_api_refuses_too_and_takes_a_named_ledger(
     assert not (tmp_path / "home").exists()
     with once.claim("bill", every="day", db=f"sqlite:///{tmp_path}/named.db") as run:
         assert run.won
+
+
+# -- the README's first run, in a container ----------------------------------------------------
+
+
+def _readme_first_run() -> list[list[str]]:
+    """The `once ...` lines of the README's first code block under "Install and run"."""
+    import shlex
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("## Install and run", 1)[1].split("\n\n    ", 1)[1].split("\n\n")[0]
+    lines = [line.strip().split("#")[0] for line in block.splitlines()]
+    return [shlex.split(line) for line in lines if line.startswith("once ")]
+
+
+@pytest.mark.parametrize("kind", ["docker", "pod", "none"])
+def test_the_readme_s_first_run_works_in_a_container(machine: Callable[..., Machine],
+                                                    tmp_path: Path, kind: str) -> None:
+    commands = _readme_first_run()
+    assert len(commands) == 2, commands
+    where = machine(**POD) if kind == "pod" else machine()
+    if kind == "docker":
+        where.mark(".dockerenv", "")
+    workdir = tmp_path / f"work-{kind}"
+    workdir.mkdir()
+    first, second = (subprocess.run([ONCE, *argv[1:]], env=where.env, cwd=workdir,
+                                    capture_output=True, text=True, timeout=60)
+                     for argv in commands)
+    assert first.returncode == 0 and first.stdout == "hello\n", first.stderr
+    assert second.returncode == 0 and second.stdout == "", second.stderr  # skipped
+    assert (workdir / "once.db").is_file()
+
+
+@pytest.mark.parametrize("path", ["./x.db", "x.sqlite", "sub/../y.db"])
+def test_a_plain_path_names_a_sqlite_file(machine: Callable[..., Machine], tmp_path: Path,
+                                           path: str) -> None:
+    pod = machine(**POD)
+    workdir = tmp_path / "work"
+    (workdir / "sub").mkdir(parents=True)
+    done = subprocess.run([ONCE, "run", "--db", path, "--job", "bill", *DAY, "--", "true"],
+                          env=pod.env, cwd=workdir, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (workdir / os.path.normpath(path)).is_file()
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("DIR", "a directory, not a SQLite file; name a file in it"),
+    ("host=h password=hunter2 dbname=x", "expected a file's path (./once.db)"),
+    ("postgres:/h/db", "it has no '://'"),
+])
+def test_what_is_no_ledger_is_exit_2_naming_why(machine: Callable[..., Machine],
+                                                tmp_path: Path, value: str, says: str) -> None:
+    value = str(tmp_path) if value == "DIR" else value
+    done = machine().once("run", "--db", value, "--job", "bill", *DAY, "--", "true")
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and says in done.stderr, done.stderr
+    assert "hunter2" not in done.stderr

@@ -89,7 +89,8 @@ def ledger_options(func: F) -> F:
     """--db, --db-password-file, --tz and --namespace, each also read from the environment."""
     options = [
         click.option("--db", "db", envvar="ONCE_DATABASE_URL", metavar="URL",
-                     help="Ledger URL: sqlite:///PATH, postgresql://…, mysql://… or "
+                     help="Ledger: a SQLite file's path (./once.db, /var/lib/once/ledger.db), "
+                          "sqlite:///PATH, postgresql://…, mysql://… or "
                           "mariadb://… [env: ONCE_DATABASE_URL, or the file "
                           "ONCE_DATABASE_URL_FILE names; default: the SQLite file "
                           "$XDG_STATE_HOME/once/ledger.db, or ~/.local/state/once/ledger.db "
@@ -148,7 +149,7 @@ class OnceGroup(click.Group):
 
 def load_commands() -> Mapping[str, click.Command]:
     """Register every command on `cli` (idempotent); return them by name."""
-    import once.cli.commands  # noqa: F401  (registers on import)
+    import once.cli.commands  # each registers its commands on import
     import once.cli.lead  # noqa: F401
 
     return cli.commands

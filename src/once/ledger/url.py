@@ -62,7 +62,8 @@ def default_url() -> str:
 
 
 def unnamed_url(how_to_name: str = "set ONCE_DATABASE_URL (or ONCE_DATABASE_URL_FILE) to "
-                "the shared ledger, or name one on purpose with --db") -> str:
+                "the shared ledger, or name one on purpose with --db (a file of this "
+                "container's own: --db ./once.db)") -> str:
     """The ledger where none is named: the default SQLite file, but in a container, where it
     would be the container's own (every pod of a CronJob would keep a ledger of its own and
     run the job): there a UrlError that says how to name one."""
@@ -143,10 +144,13 @@ def _parse_url(url: str, password: str | None) -> Target:
         raise UrlError(f"bad --db URL: it holds a control character or bytes that are not "
                        f"UTF-8 ({_NOT_SHOWN})")
     if "://" not in url:
-        raise UrlError(f"bad --db URL: expected sqlite:///PATH, postgresql://… or mysql://… "
-                       f"(it has no '://'; {_NOT_SHOWN})")
+        if secrets.plain_path(url):  # ./once.db: a SQLite file, the easiest ledger to name
+            return sqlite_target(path_url(url))
+        raise UrlError(f"bad --db URL: expected a file's path (./once.db), sqlite:///PATH, "
+                       f"postgresql://… or mysql://… (it has no '://'; {_NOT_SHOWN})")
     if not secrets.is_scheme(scheme):
-        raise UrlError(f"bad --db URL: expected sqlite:///PATH, postgresql://… or mysql://… "
+        raise UrlError(f"bad --db URL: expected a file's path (./once.db), sqlite:///PATH, "
+                       f"postgresql://… or mysql://… "
                        f"(what comes before '://' is no scheme; {_NOT_SHOWN})")
     from once.ledger.dialects import by_scheme, spoken  # it imports this module
 
@@ -209,6 +213,12 @@ def redact(url: str) -> str:
 _QUERY_SECRET = r"([?&](?:password|passwd|sslpassword)=)[^&]*"
 
 
+def path_url(path: str) -> str:
+    """The sqlite:/// URL of a plain path: ~ expanded, made absolute (cron's working directory
+    is the home directory, a shell's anything)."""
+    return "sqlite:///" + os.path.abspath(os.path.expanduser(path))
+
+
 def sqlite_target(url: str) -> Target:
     path = url.partition("://")[2]
     if not path.startswith("/"):
@@ -221,6 +231,9 @@ def sqlite_target(url: str) -> Target:
         path = unquote(path)
     if not path:
         raise UrlError(f"bad SQLite URL '{redact(url)}': no file named")
+    if os.path.isdir(path):  # SQLite's own word would be "unable to open database file"
+        raise UrlError(f"--db {path}: a directory, not a SQLite file; name a file in it "
+                       f"({os.path.join(path, 'once.db')})")
     return Target("sqlite", url, url, path=path)
 
 
