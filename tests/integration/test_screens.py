@@ -1,6 +1,7 @@
 """What an operator sees on a terminal (issue 26, items 6 and 7): `once status` fitted to an
-80- and a 160-column terminal, --wide, the plain table of a pipe; catch-up's progress on a
-terminal and in a pipe.
+80- and a 160-column terminal, --wide, the plain table of a pipe; `once history` and `once
+check` at 80 columns, saying what they leave out, and a lagging job's NEXT (issue 36, item
+4); catch-up's progress on a terminal and in a pipe.
 
 Real `once` processes on a pseudo-terminal of a set size (tests/procs.Terminal), on SQLite:
 nothing here depends on the ledger's dialect.
@@ -143,6 +144,97 @@ def test_wide_draws_every_column_in_full_and_a_pipe_gets_them_all(
     berlin = next(line for line in plain if line.startswith(NAMES[1]))
     assert "failed" in berlin.split("  ")[-2] or " failed " in berlin
     assert plain[-1].startswith("ledger: sqlite:")
+
+
+# -- history and check at 80 columns (issue 36) ------------------------------------------------
+
+BERLIN = "nightly-invoices-berlin"
+SAID = ("error: relation \"orders_2026\" does not exist (SQLSTATE 42P01) while building the "
+        "nightly invoices for the Berlin office")
+
+
+@pytest.fixture
+def berlin(once_env: dict[str, str]) -> dict[str, str]:
+    """A Berlin job whose failure said a long last line (no attempts left) and an hourly job
+    with --lag 1."""
+    once(once_env, "catchup", "--job", BERLIN, "--every", "day", "--tz", "Europe/Berlin",
+         "--since", day(-3), "--until", day(-2), "--", "true")
+    once(once_env, "run", "--job", BERLIN, "--every", "day", "--tz", "Europe/Berlin",
+         "--max-attempts", "1", "--", "sh", "-c", f"echo '{SAID}'; exit 3")
+    once(once_env, "run", "--job", "hourly-lag", "--every", "hour", "--lag", "1", "--", "true")
+    return once_env
+
+
+@sqlite_only
+def test_history_at_80_columns_names_what_it_hides_and_keeps_the_zone(
+        berlin: dict[str, str]) -> None:
+    lines, status = drawn(berlin, 80, "history", BERLIN)
+    assert status == 0 and max(len(line) for line in lines) <= 80, "\n".join(lines)
+    header = lines[1]
+    assert "STARTED (Europe/Berlin)" in header, header  # the times' zone, not a bare STARTED
+    shown = set(re.split(r"\s{2,}", header.strip()))
+    hidden = next(line for line in lines if line.startswith("hidden at this width: "))
+    named = hidden.removeprefix("hidden at this width: ").removesuffix(
+        " (--wide shows them)").split(", ")
+    every = {"PERIOD", "ATTEMPT", "FENCE", "OWNER", "STARTED", "FINISHED", "TOOK", "STATUS",
+             "EXIT", "REASON", "LAST LINE"}
+    assert {h.split(" (")[0] for h in shown} | set(named) == every, (header, hidden)
+    assert "FENCE" in named  # what the new user missed, named
+    failed = next(line for line in lines if " failed " in line)
+    assert SAID not in failed and failed.endswith("…"), failed
+    at = lines.index("LAST LINE cut at this width: --wide shows it whole; all an attempt said:")
+    assert lines[at + 1] == f"  once logs {BERLIN} --period P --attempt N"
+    wide, status = drawn(berlin, 80, "history", BERLIN, "--wide")
+    assert status == 0 and re.split(r"\s{2,}", wide[1].strip()) == [
+        "PERIOD", "ATTEMPT", "FENCE", "OWNER", "STARTED (Europe/Berlin)", "FINISHED", "TOOK",
+        "STATUS", "EXIT", "REASON", "LAST LINE"]
+    assert any(line.endswith(SAID) for line in wide), wide  # the whole line
+    assert not [line for line in wide if line.startswith(("hidden", "LAST LINE cut"))]
+    piped = once(berlin, "history", BERLIN).stdout  # a pipe: as it was
+    assert re.split(r"\s{2,}", piped.splitlines()[0]) == re.split(r"\s{2,}", wide[1].strip())
+    assert SAID in piped and "hidden" not in piped
+
+
+@sqlite_only
+def test_the_fleets_history_at_80_columns_keeps_its_utc(berlin: dict[str, str]) -> None:
+    lines, status = drawn(berlin, 80, "history")
+    assert status == 0 and max(len(line) for line in lines) <= 80, "\n".join(lines)
+    assert "STARTED (UTC)" in lines[0], lines[0]
+    assert any(line.startswith("LAST LINE cut at this width") for line in lines), lines
+    assert "once logs JOB --period P --attempt N" in "\n".join(lines)
+
+
+@sqlite_only
+def test_check_at_80_columns_puts_a_findings_details_under_it(berlin: dict[str, str]) -> None:
+    lines, status = drawn(berlin, 80, "check")
+    assert status == 2 and max(len(line) for line in lines) <= 80, "\n".join(lines)
+    lines = [line for line in lines if line]
+    piped = run_once("check", env=berlin)
+    assert piped.returncode == 2, piped.stderr
+    findings = piped.stdout.splitlines()  # a pipe's: one line each, as ever
+    out = next(line for line in findings if " failed-out " in line)
+    assert re.fullmatch(rf"CRITICAL {BERLIN} \S+ failed-out \(attempt 1 of 1, exit 3, no "
+                        r"attempts left\)", out) and len(out) > 80, out
+    # On the terminal: each finding's head at the margin, its details indented under it,
+    # the words those of the pipe's line.
+    heads = [i for i, line in enumerate(lines) if not line.startswith(" ")]
+    assert [lines[i].split()[0] for i in heads] == [f.split()[0] for f in findings]
+    ends = [*heads[1:], len(lines)]
+    assert [" ".join(part.strip() for part in lines[i:j])
+            for i, j in zip(heads, ends, strict=True)] == findings
+    at = lines.index(f"CRITICAL {BERLIN} {out.split()[2]} failed-out")
+    assert lines[at + 1] == "    (attempt 1 of 1, exit 3, no attempts left)"
+
+
+@sqlite_only
+def test_a_lagging_jobs_next_reads_as_a_period_due_later(berlin: dict[str, str]) -> None:
+    lines, status = drawn(berlin, 80, "status")
+    assert status in (0, 2) and max(len(line) for line in lines) <= 80, "\n".join(lines)
+    lag = next(line for line in lines if line.startswith("hourly-lag "))
+    assert re.search(r"period \d\d:\d\d due in \d+m$", lag), lag
+    plain = next(line for line in once(berlin, "status").stdout.splitlines()
+                 if line.startswith("hourly-lag "))
+    assert re.search(rf"{hour(0)}\+00:00 in \d+m$", plain), plain  # a pipe's, as ever
 
 
 # -- catch-up's progress ---------------------------------------------------------------------

@@ -384,16 +384,22 @@ def status(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
               "attempt (with --lead, a term).")
 @click.option("--lead", is_flag=True, help="JOB is a lead name (once lead): show its terms, "
               "also where a job has the same name.")
+@click.option("--wide", is_flag=True, help="On a terminal, every column in full, however "
+              "wide, the last line too (a pipe always gets them).")
 def history(job: str | None, db: str | None, db_password_file: str | None,
             namespace: str | None, limit: int | None, key: str | None, as_json: bool,
-            lead: bool) -> int:
+            lead: bool, wide: bool) -> int:
     """Show every attempt of JOB, newest first: period, attempt, fence, owner, times, outcome,
     exit status, rerun reason and, for a failed attempt, the last line of its output.
 
     Without JOB, the latest attempts of every job (of --namespace), newest first. Of a lead
     name of once lead (--lead, or a name no job has), its terms, newest first: who held it,
     from when to when (UTC), and how each ended: released, lost (its holder stepped down) or
-    expired (its lease ran out unrenewed)."""
+    expired (its lease ran out unrenewed).
+
+    On a terminal the table fits its width: short times, fewer columns, the last line cut
+    short, and a line under it saying what was left out (--wide: all of it; once logs: all an
+    attempt said)."""
     from once import report
 
     target = open_target(db, db_password_file)
@@ -402,9 +408,9 @@ def history(job: str | None, db: str | None, db_password_file: str | None,
     if job is None:
         if key is not None:
             raise click.UsageError("--period goes with JOB: once history JOB --period P")
-        return report.fleet_history(target, namespace, limit or 20, as_json)
+        return report.fleet_history(target, namespace, limit or 20, as_json, wide)
     return report.history(target, limits.stored_name(job, namespace), limit or 50, as_json,
-                          period=key, lead=lead)
+                          period=key, lead=lead, wide=wide)
 
 
 @cli.command()
@@ -447,7 +453,8 @@ def check(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
 
     Each finding is one line on stdout, `SEVERITY JOB PERIOD PROBLEM (DETAILS)` (a lead
     name's: `CRITICAL NAME - leaderless (DETAILS)`), most severe first; `OK ...` naming the
-    ledger when there is none.
+    ledger when there is none. On a terminal too narrow for a finding, its (DETAILS) go on
+    indented lines under it.
     """
     from once import report
 

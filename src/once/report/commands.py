@@ -207,18 +207,21 @@ def _print_findings(found: list[Finding], target: Target, as_json: bool,
     if as_json:
         write_line(json.dumps([{**f.as_dict(), "ledger": target.redacted} for f in found],
                               indent=2), as_json=True)
-    elif found:
-        for f in found:
-            write_line(f.line)
     else:
-        write_line(all_well)
+        lines = [f.line for f in found] or [all_well]
+        if tty():  # a finding wider than the terminal: its details under it, never wrapped
+            from once.report.screen import finding_lines
+
+            lines = finding_lines(lines)
+        for line in lines:
+            write_line(line)
     return max((f.severity for f in found), default=OK)
 
 
 def history(target: Target, stored_job: str, limit: int, as_json: bool,
-            period: str | None = None, lead: bool = False) -> int:
+            period: str | None = None, lead: bool = False, wide: bool = False) -> int:
     """`once history JOB`: every attempt, newest first; of a lead name (lead, or a name no
-    job has), its terms, newest first."""
+    job has), its terms, newest first. wide: on a terminal, every column whole."""
     found: tuple[str, list[dict[str, object]]] | None = None
     terms: tuple[list[TermRow], Lead | None] = ([], None)
     try:
@@ -240,13 +243,14 @@ def history(target: Target, stored_job: str, limit: int, as_json: bool,
     if as_json:
         write_line(json.dumps(entries, indent=2), as_json=True)
     elif terms[0]:
-        render_terms(stored_job, entries)
+        render_terms(stored_job, entries, wide)
     else:
-        render_history(stored_job, tz, entries)
+        render_history(stored_job, tz, entries, wide)
     return 0
 
 
-def fleet_history(target: Target, namespace: str | None, limit: int, as_json: bool) -> int:
+def fleet_history(target: Target, namespace: str | None, limit: int, as_json: bool,
+                  wide: bool = False) -> int:
     """`once history` without JOB: the latest attempts of every job, newest first."""
     try:
         with reading(target) as conn:
@@ -256,7 +260,7 @@ def fleet_history(target: Target, namespace: str | None, limit: int, as_json: bo
     if as_json:
         write_line(json.dumps(entries, indent=2), as_json=True)
     elif entries:
-        render_fleet_history(entries)
+        render_fleet_history(entries, wide)
     else:
         say(f"no attempts in the ledger {target.redacted}"
             + (f" under namespace {namespace}" if namespace else ""))

@@ -188,13 +188,13 @@ def term_cells(e: dict[str, Any], compact: bool = False) -> list[Cell]:
             (e["ended"] or "leading", _ENDED_STYLE.get(e["ended"], ""))]
 
 
-def render_terms(name: str, entries: list[dict[str, Any]]) -> None:
+def render_terms(name: str, entries: list[dict[str, Any]], wide: bool = False) -> None:
     if tty():
         from once.report import screen
 
-        screen.print_fitted(TERM_HEADERS, [term_cells(e) for e in entries],
-                            [term_cells(e, compact=True) for e in entries], TERM_DROP,
-                            title=name)
+        screen.history_table(TERM_HEADERS, [term_cells(e) for e in entries],
+                             [term_cells(e, compact=True) for e in entries], TERM_DROP, None,
+                             title=name, wide=wide)
         return
     write_line(plain_table(TERM_HEADERS, [term_cells(e) for e in entries]))
 

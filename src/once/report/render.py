@@ -8,6 +8,7 @@ Text from the ledger goes through once.escape.shown: a cell never holds a contro
 from __future__ import annotations
 
 import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime
@@ -90,6 +91,8 @@ def status_cells(s: JobState, now: datetime, compact: bool = False) -> list[Cell
     next_text = "-"
     if s.next is not None and s.next_at is not None:
         next_text = f"{key(s.next.key)} in {ago((s.next_at - now).total_seconds())}"
+        if compact and s.lag:  # its short key is no time it happens at: say it is a period
+            next_text = f"period {next_text.replace(' in ', ' due in ', 1)}"
     return [
         (s.name, "bold"),
         ((s.spec if s.kind == "every" else s.schedule_text) if compact else s.schedule_text,
@@ -217,25 +220,28 @@ def _today(instant: str) -> date:
     return datetime.now(UTC).astimezone(datetime.fromisoformat(instant).tzinfo).date()
 
 
-# The columns a narrow terminal loses first (docs/reference/commands.md "once history"), job's
-# and fleet's.
-HISTORY_DROP = ("FENCE", "FINISHED", "REASON", "OWNER", "TOOK", "ATTEMPT")
+# The columns a narrow terminal loses first (docs/how-to/monitoring.md "once history"), job's
+# and fleet's ("REASON?": only while no attempt has a reason).
+HISTORY_DROP = ("FENCE", "FINISHED", "REASON?", "OWNER", "REASON", "TOOK", "ATTEMPT")
 FLEET_DROP = ("OWNER", "TOOK", "ATTEMPT", "EXIT")
 
 
-def render_history(job: str, tz: str, entries: list[dict[str, Any]]) -> None:
+def render_history(job: str, tz: str, entries: list[dict[str, Any]],
+                   wide: bool = False) -> None:
+    """A job's attempts: in a pipe a plain table, LAST LINE cut at PLAIN_LAST_LINE; on a
+    terminal fitted to its width (once.report.screen), unless wide, as a pipe has it."""
     headers = [*HISTORY_HEADERS]
     headers[4] = f"STARTED ({tz})"
+    rows = [history_cells(e) for e in entries]
+    for row in rows:
+        row[-1] = (cut_short(row[-1][0], PLAIN_LAST_LINE), row[-1][1])
     if tty():
         from once.report import screen
 
-        screen.print_fitted(headers, [history_cells(e) for e in entries],
-                            [history_cells(e, compact=True) for e in entries], HISTORY_DROP,
-                            title=job, cut=len(headers) - 1)
+        screen.history_table(headers, rows, [history_cells(e, compact=True) for e in entries],
+                             HISTORY_DROP, f"once logs {shell_word(job)} --period P --attempt N",
+                             title=job, wide=wide)
         return
-    rows = [history_cells(e) for e in entries]
-    for row in rows:
-        row[-1] = (cut_short(row[-1][0], PLAIN_LAST_LINE), "")
     write_line(plain_table(headers, rows))
 
 
@@ -254,22 +260,28 @@ def fleet_cells(e: dict[str, Any], compact: bool = False) -> list[Cell]:
             *cells[6:9], cells[10]]
 
 
-def render_fleet_history(entries: list[dict[str, Any]]) -> None:
+def render_fleet_history(entries: list[dict[str, Any]], wide: bool = False) -> None:
+    """The fleet's latest attempts, as render_history draws a job's."""
+    rows = [fleet_cells(e) for e in entries]
+    for row in rows:
+        row[-1] = (cut_short(row[-1][0], PLAIN_LAST_LINE), row[-1][1])
     if tty():
         from once.report import screen
 
-        screen.print_fitted(FLEET_HEADERS, [fleet_cells(e) for e in entries],
-                            [fleet_cells(e, compact=True) for e in entries], FLEET_DROP,
-                            job_column=0, cut=len(FLEET_HEADERS) - 1)
+        screen.history_table(FLEET_HEADERS, rows,
+                             [fleet_cells(e, compact=True) for e in entries], FLEET_DROP,
+                             "once logs JOB --period P --attempt N", job_column=0, wide=wide)
         return
-    rows = [fleet_cells(e) for e in entries]
-    for row in rows:
-        row[-1] = (cut_short(row[-1][0], PLAIN_LAST_LINE), "")
     write_line(plain_table(FLEET_HEADERS, rows))
 
 
 def cut_short(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def shell_word(text: str) -> str:
+    """A job's name as a shell reads it back (quoted when it needs to be)."""
+    return shlex.quote(text)
 
 
 # Outcomes that say no more than the status itself (older ledgers stored `exited`).

@@ -1,20 +1,30 @@
-"""The reports' tables on a terminal, fitted to its width (rich is imported only here, and
-only when a table is drawn on one).
+"""The reports on a terminal, fitted to its width (rich is imported only here, and only
+when a table is drawn on one).
 
-`once status`: every column with its whole text (as the pipe's plain table has them) when
-that fits; else the compact cells (once.report.render.status_cells(compact=True): short
-period keys, NOW without its key) and, while the table is still wider than the terminal,
-columns dropped by priority (DROP_ORDER), the caption saying which. JOB is never wrapped
-(a name split across lines is unreadable and unsearchable); the other cells wrap at spaces
-only, and a word that cannot fit is cut short with an ellipsis, never folded in two.
+`once status` and `once history`: every column with its whole text (as the pipe's plain
+table has them) when that fits; else the compact cells (once.report.render.status_cells(
+compact=True): short period keys, NOW without its key) and, while the table is still wider
+than the terminal, columns dropped by priority (DROP_ORDER, HISTORY_DROP), a line under the
+table saying which and that --wide shows them. A header keeps its parenthesis (the zone its
+times are in: `STARTED (Europe/Berlin)`). JOB is never wrapped (a name split across lines is
+unreadable and unsearchable); history's LAST LINE is one line cut to what the others leave
+(the line under the table says so, and how to read it whole); the other cells wrap at
+spaces only, and a word that cannot fit is cut short with an ellipsis, never folded in two.
 --wide draws every column whatever the width.
+
+`once check`: a finding that fits is its one line, as a pipe gets it; one wider than the
+terminal keeps its head (severity, job, period, problem) on its first line and its details
+on indented lines under it, broken between phrases: the terminal never wraps a finding
+mid-phrase, and every line that starts at the margin is a finding's.
 """
 
 from __future__ import annotations
 
+import re
+import shutil
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from once.escape import shown
 from once.report.model import JobState
@@ -31,6 +41,18 @@ DROP_ORDER = ("TOOK", "TZ", "SCHEDULE", "FINISHED", "RUNNING?", "LAST DONE", "RU
 CUT_ROOM = 24  # what a cut column (history's LAST LINE) is given, at least, when others fit
 
 
+class Fit(NamedTuple):
+    """How a table was drawn: the headers of the columns left out, and whether the cut
+    column (history's LAST LINE) was cut short in any row."""
+
+    hidden: list[str]
+    cut: bool = False
+
+
+def hidden_line(hidden: Sequence[str]) -> str:
+    return f"hidden at this width: {', '.join(hidden)} (--wide shows them)"
+
+
 def status_table(states: Sequence[JobState], now: datetime, caption: str,
                  wide: bool = False, more: Sequence[Fitted] = ()) -> None:
     """`once status` on a terminal: as wide as it fits (see the module's docstring), the
@@ -41,27 +63,51 @@ def status_table(states: Sequence[JobState], now: datetime, caption: str,
 
     hidden = print_fitted(STATUS_HEADERS, [status_cells(s, now) for s in states],
                           [status_cells(s, now, compact=True) for s in states], DROP_ORDER,
-                          job_column=0, wide=wide) if states else []
+                          job_column=0, wide=wide).hidden if states else []
     console = Console(highlight=False)
     for table in more:
         if states or table is not more[0]:
             console.print()
         hidden += [h for h in print_fitted(table.headers, table.rows, table.compact,
-                                           table.drop, job_column=0, wide=wide)
+                                           table.drop, job_column=0, wide=wide).hidden
                    if h not in hidden]
     console.print(Text(scrub(shown(caption)), overflow="fold"))
     if hidden:
-        console.print(Text(f"hidden at this width: {', '.join(hidden)} (--wide shows them)"))
+        console.print(Text(hidden_line(hidden)))
+
+
+def history_table(headers: Sequence[str], rows: Sequence[Sequence[Cell]],
+                  compact: Sequence[Sequence[Cell]], drop: Sequence[str], logs: str | None,
+                  title: str = "", job_column: int | None = None, wide: bool = False) -> None:
+    """`once history` on a terminal: fitted as status is, its last column (LAST LINE; none
+    without `logs`) one line cut to the room left, then what the fitting left out and how to
+    see it: --wide for the columns and the lines whole (as a pipe has them), `logs` (a `once
+    logs` command line) for all an attempt said."""
+    from rich.console import Console
+    from rich.text import Text
+
+    cut = None if wide or logs is None else len(headers) - 1
+    fit = print_fitted(headers, rows, compact, drop, title=title, job_column=job_column,
+                       cut=cut, wide=wide)
+    console = Console(highlight=False)
+    notes = [hidden_line(fit.hidden)] if fit.hidden else []
+    if fit.cut and logs:  # the command on a line of its own unless the whole note fits one
+        note = "LAST LINE cut at this width: --wide shows it whole; all an attempt said:"
+        notes += [f"{note} {logs}"] if len(note) + 1 + len(logs) <= console.width else [
+            note, f"  {logs}"]
+    for note in notes:
+        console.print(Text(scrub(shown(note))))
 
 
 def print_fitted(headers: Sequence[str], rows: Sequence[Sequence[Cell]],
                  compact: Sequence[Sequence[Cell]], drop: Sequence[str], title: str = "",
                  job_column: int | None = None, cut: int | None = None,
-                 wide: bool = False) -> list[str]:
-    """Print the table as it fits the terminal: rows whole, else the compact rows (their
-    headers without a parenthesis) with as few columns dropped (in the order of `drop`; a
-    name ending in ? only while its every cell is -) as it takes; wide: rows whole however
-    wide. The headers of the columns dropped."""
+                 wide: bool = False) -> Fit:
+    """Print the table as it fits the terminal: rows whole, else the compact rows with as
+    few columns dropped (in the order of `drop`, a header named without its parenthesis; a
+    name ending in ? only while its every cell is - or empty) as it takes; wide: rows whole
+    however wide. The headers of the columns dropped (without their parenthesis), and
+    whether the cut column was cut short."""
     from rich.console import Console
 
     console = Console(highlight=False)
@@ -71,32 +117,33 @@ def print_fitted(headers: Sequence[str], rows: Sequence[Sequence[Cell]],
         if natural > console.width:  # --wide: lines as long as they are; the terminal wraps
             console = Console(highlight=False, width=natural)
         console.print(_table(console, headers, rows, every, title, job_column, cut))
-        return []
-    short = [h.split(" (")[0] for h in headers]
+        return Fit([], _was_cut(console, headers, rows, every, cut))
+    short = [h.split(" (")[0] for h in headers]  # the names `drop` and the notes use
     kept, hidden = list(every), []
     for name in drop:
-        if _width(console, short, compact, kept, job_column, cut) <= console.width:
+        if _width(console, headers, compact, kept, job_column, cut) <= console.width:
             break
         index = short.index(name.rstrip("?"))
-        if name.endswith("?") and any(row[index][0] != "-" for row in compact):
+        if name.endswith("?") and any(row[index][0] not in ("-", "") for row in compact):
             continue
         if index in kept:
             kept.remove(index)
             hidden.append(index)
     for index in reversed(list(hidden)):  # a column dropped early may fit again now
         trial = sorted([*kept, index])
-        if _width(console, short, compact, trial, job_column, cut) <= console.width:
+        if _width(console, headers, compact, trial, job_column, cut) <= console.width:
             kept = trial
             hidden.remove(index)
     job_width = None
-    if job_column is not None and _width(console, short, compact, kept, job_column,
+    if job_column is not None and _width(console, headers, compact, kept, job_column,
                                          cut) > console.width:
         # Still too wide: a name longer than the room the others leave is cut short (…).
         others = [i for i in kept if i != job_column]
-        job_width = max(10, console.width - 2 - _width(console, short, compact, others, None,
-                                                       cut))
-    console.print(_table(console, short, compact, kept, title, job_column, cut, job_width))
-    return [short[i] for i in sorted(hidden)]
+        job_width = max(10, console.width - 2 - _width(console, headers, compact, others,
+                                                       None, cut))
+    console.print(_table(console, headers, compact, kept, title, job_column, cut, job_width))
+    return Fit([short[i] for i in sorted(hidden)],
+               _was_cut(console, headers, compact, kept, cut))
 
 
 def _width(console: Console, headers: Sequence[str], rows: Sequence[Sequence[Cell]],
@@ -119,6 +166,24 @@ def _table(console: Console, headers: Sequence[str], rows: Sequence[Sequence[Cel
     return build([headers[i] for i in kept], [[row[i] for i in kept] for row in rows],
                  title=title, job_column=_moved(job_column, kept), cut=_moved(cut, kept),
                  console=console, job_width=job_width)
+
+
+def _was_cut(console: Console, headers: Sequence[str], rows: Sequence[Sequence[Cell]],
+             kept: list[int], cut: int | None) -> bool:
+    """Whether build() cut some row's cell of the cut column short (to the room it left)."""
+    if cut is None or cut not in kept:
+        return False
+    cells = [[scrub(shown(row[i][0])) for i in kept] for row in rows]
+    return any(len(row[kept.index(cut)]) > _cut_room(console, [headers[i] for i in kept],
+                                                      cells, kept.index(cut)) for row in cells)
+
+
+def _cut_room(console: Console, headers: Sequence[str], cells: Sequence[Sequence[str]],
+              cut: int) -> int:
+    """The width build() gives the cut column: what the others leave of the terminal."""
+    others = sum(max([len(header), *(len(row[i]) for row in cells)]) + 2
+                 for i, header in enumerate(headers) if i != cut)
+    return max(len(headers[cut]), console.width - others)
 
 
 def _moved(column: int | None, kept: list[int]) -> int | None:
@@ -150,10 +215,8 @@ def build(headers: Sequence[str], rows: Sequence[Sequence[Cell]], caption: str =
                   header_style="bold", title_justify="left", caption_justify="left")
     for number, header in enumerate(headers):
         if number == cut and console is not None:
-            others = sum(max([len(header_), *(len(row[i]) for row in cells)]) + 2
-                         for i, header_ in enumerate(headers) if i != cut)
             table.add_column(Text(header), overflow="ellipsis", no_wrap=True,
-                             max_width=max(len(header), console.width - others))
+                             max_width=_cut_room(console, headers, cells, cut))
         elif number == job_column:
             table.add_column(Text(header), overflow="ellipsis", no_wrap=True,
                              max_width=job_width)
@@ -163,3 +226,59 @@ def build(headers: Sequence[str], rows: Sequence[Sequence[Cell]], caption: str =
         table.add_row(*[Text(text, style=style)
                         for text, (_, style) in zip(texts, row, strict=True)])
     return table
+
+
+# -- once check ------------------------------------------------------------------------------
+
+INDENT = "    "  # a finding's details under its head
+_PHRASE_END = re.compile(r"(?<=[,;:?]) ")  # where a finding's details may break
+
+
+def finding_lines(lines: Sequence[str], width: int | None = None) -> list[str]:
+    """check's lines (a finding's `SEVERITY JOB PERIOD PROBLEM (DETAILS)`, or the OK line)
+    fitted to the terminal (see the module's docstring); scrubbed of the ledger's secrets
+    before they are broken."""
+    width = max(40, width or shutil.get_terminal_size().columns)
+    out: list[str] = []
+    for line in lines:
+        line = scrub(line)
+        if len(line) <= width:
+            out.append(line)
+            continue
+        # The first three fields never hold a space (once.escape.shown_word), so the first
+        # " (" opens the details.
+        head, paren, details = line.partition(" (")
+        out += _filled(_PHRASE_END.split(head), width)
+        if paren:
+            out += _filled(_PHRASE_END.split("(" + details), width, first=INDENT)
+    return out
+
+
+def _filled(phrases: Sequence[str], width: int, first: str = "") -> list[str]:
+    """The phrases on as few lines as they fit, each line after the first indented (the
+    first too, by `first`); a phrase that does not fit the line begins the next, and one
+    wider than a line breaks at its spaces, a word wider than a line where it must."""
+    lines = [first]
+    for phrase in phrases:
+        if lines[-1].strip() and len(lines[-1]) + 1 + len(phrase) > width:
+            lines.append(INDENT)
+        for piece in _pieces(phrase, width - len(INDENT)):
+            if lines[-1].strip() and len(lines[-1]) + 1 + len(piece) > width:
+                lines.append(INDENT)
+            lines[-1] += (" " if lines[-1].strip() else "") + piece
+    return lines
+
+
+def _pieces(phrase: str, room: int) -> list[str]:
+    """The phrase whole if it fits in room, else its words; a word wider than room (a URL,
+    a path) in pieces that end at a / where one does, else of room characters."""
+    if len(phrase) <= room:
+        return [phrase]
+    pieces = []
+    for word in phrase.split(" "):
+        while len(word) > room:
+            at = word.rfind("/", 0, room) + 1 or room
+            pieces.append(word[:at])
+            word = word[at:]
+        pieces.append(word)
+    return [piece for piece in pieces if piece]

@@ -7,7 +7,10 @@ lines for the rest (week, month, quarter, year, cron). Cells sit at their wall-c
 so a day that skips an hour for DST shows a blank cell and a day that repeats one shows an
 extra cell.
 
-In a pipe the cells are plain symbols; on a terminal, coloured glyphs (rich).
+In a pipe the cells are plain symbols; on a terminal, coloured glyphs (rich). once serve's
+job page draws the same cells as rows of slots sized to its width (grid): a row a month for
+daily jobs, where a calendar of seven weekday rows would be mostly empty for a young job and
+too wide for a phone for an old one.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from datetime import date, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from once.escape import shown
 from once.periods import Period, Schedule
@@ -72,16 +75,21 @@ def draw(s: JobState, cells: list[tuple[Period, str]], tty: bool) -> list[Line]:
     """The lines for one job: a title, the cells, a legend."""
     if s.sched is None or not cells:
         return [[(s.name, "bold"), (f"  cannot draw: {s.error or 'no periods'}", "red")]]
-    counts = {state: sum(1 for _, c in cells if c == state) for state in STATES}
-    summary = ", ".join(f"{counts[k]} {STATES[k][3]}" for k in LEGEND if counts[k])
     title: Line = [(s.name, "bold"), (f"  {s.schedule_text}, {s.tz}  ", ""),
                    (f"{cells[0][0].key} .. {cells[-1][0].key}", ""),
-                   (f"  ({len(cells)} period{'' if len(cells) == 1 else 's'}: {summary})", "")]
+                   (f"  ({summary(cells)})", "")]
     body = _body(s.sched, cells, tty)
     legend: Line = []
     for state in LEGEND:
         legend += [_glyph(state, tty), (f" {STATES[state][3]}   ", "")]
     return [title, [], *body, [], legend]
+
+
+def summary(cells: list[tuple[Period, str]]) -> str:
+    """How many periods are drawn, and how many in each state: `41 periods: 40 done, ...`."""
+    counts = {state: sum(1 for _, c in cells if c == state) for state in STATES}
+    each = ", ".join(f"{counts[k]} {STATES[k][3]}" for k in LEGEND if counts[k])
+    return f"{len(cells)} period{'' if len(cells) == 1 else 's'}: {each}"
 
 
 def _glyph(state: str, tty: bool) -> Segment:
@@ -135,12 +143,33 @@ def _calendar(cells: list[tuple[Period, str]], tty: bool) -> list[Line]:
     return lines
 
 
+Slotted = dict[str, dict[int, tuple[Period, str]]]  # a row's label: its periods by slot
+
+
 def _rows(cells: list[tuple[Period, str]], tty: bool, by_day: bool, unit: int) -> list[Line]:
     """A row per local day (slots of `unit` minutes from midnight) or per local hour."""
-    per_row = (24 * 60 if by_day else 60) // unit
+    per_row, rows = _slotted(cells, by_day, unit)
     width = 3 if per_row <= 12 else 1
-    rows: dict[str, dict[int, str]] = {}
-    order: list[str] = []
+    label_width = max(len(label) for label in rows)
+    header = [" "] * (per_row * width + 3)
+    for slot, mark in _marks(per_row, by_day, unit):
+        header[slot * width:slot * width + 2] = list(mark)
+    lines: list[Line] = [[(" " * (label_width + 2) + "".join(header).rstrip(), "")]]
+    for label, slots in rows.items():
+        line: Line = [(label.ljust(label_width + 2), "")]
+        for slot in range(max(per_row, max(slots) + 1)):
+            line.append(_glyph(slots[slot][1] if slot in slots else "none", tty))
+            if width > 1:
+                line.append((" " * (width - 1), ""))
+        lines.append(line)
+    return lines
+
+
+def _slotted(cells: list[tuple[Period, str]], by_day: bool,
+             unit: int) -> tuple[int, Slotted]:
+    """The slots a row has, and the rows (a local day's, or a local hour's) in order."""
+    per_row = (24 * 60 if by_day else 60) // unit
+    rows: Slotted = {}
     last_slot: dict[str, int] = {}
     for period, state in cells:
         start = period.start
@@ -149,29 +178,21 @@ def _rows(cells: list[tuple[Period, str]], tty: bool, by_day: bool, unit: int) -
         slot = wall // unit
         if label not in rows:
             rows[label] = {}
-            order.append(label)
         elif slot <= last_slot[label]:
             slot = last_slot[label] + 1  # a repeated wall time (DST fall-back): next cell
-        rows[label][slot] = state
+        rows[label][slot] = (period, state)
         last_slot[label] = slot
-    label_width = max(len(label) for label in order)
-    step = 1 if width == 3 else next((k for k in (3, 5, 4, 6) if per_row % k == 0), per_row)
-    if by_day and width == 1:
+    return per_row, rows
+
+
+def _marks(per_row: int, by_day: bool, unit: int) -> list[tuple[int, str]]:
+    """The hours (of a day's row) or minutes (of an hour's) written over some slots."""
+    step = 1 if per_row <= 12 else next((k for k in (3, 5, 4, 6) if per_row % k == 0),
+                                        per_row)
+    if by_day and per_row > 12:
         step = 3 if per_row == 24 else step
-    header = [" "] * (per_row * width + 3)
-    for slot in range(0, per_row, step):
-        value = slot * unit // 60 if by_day else slot * unit
-        header[slot * width:slot * width + 2] = list(f"{value:02d}")
-    lines: list[Line] = [[(" " * (label_width + 2) + "".join(header).rstrip(), "")]]
-    for label in order:
-        slots = rows[label]
-        line: Line = [(label.ljust(label_width + 2), "")]
-        for slot in range(max(per_row, max(slots) + 1)):
-            line.append(_glyph(slots.get(slot, "none"), tty))
-            if width > 1:
-                line.append((" " * (width - 1), ""))
-        lines.append(line)
-    return lines
+    return [(slot, f"{slot * unit // 60 if by_day else slot * unit:02d}")
+            for slot in range(0, per_row, step)]
 
 
 def _strip(cells: list[tuple[Period, str]], tty: bool, per_line: int) -> list[Line]:
@@ -188,3 +209,52 @@ def _strip(cells: list[tuple[Period, str]], tty: bool, per_line: int) -> list[Li
         lines.append(line)
     return lines
 
+
+
+# -- once serve's job page --------------------------------------------------------------------
+
+
+class Grid(NamedTuple):
+    """A job's periods as rows of slots, for a page that sizes them to its width (once serve's
+    job page): each row a label and a (period, state) or None at each slot, and the labels
+    written over some slots (their number, its text). A daily job's row is a month (a slot a
+    day of it), an hourly one's a day and a minute one's an hour, as the terminal's; the rest
+    a strip of the unit's cells a row."""
+
+    slots: int
+    marks: list[tuple[int, str]]
+    rows: list[tuple[str, list[tuple[Period, str] | None]]]
+
+
+def grid(sched: Schedule, cells: list[tuple[Period, str]]) -> Grid:
+    """The job's cells in the rows its unit's record names (Grid's docstring)."""
+    unit = sched.unit
+    if not cells:
+        return Grid(0, [], [])
+    if unit is not None and unit.timeline == GRID:
+        rows: Slotted = {}
+        for period, state in cells:
+            start = period.start
+            rows.setdefault(f"{start.year:04d}-{start.month:02d}", {})[start.day - 1] = (
+                period, state)
+        return _grid(31, [(day - 1, str(day)) for day in (1, 5, 10, 15, 20, 25, 30)], rows)
+    if unit is not None and unit.timeline in (DAYS, HOURS):
+        minutes = unit.length // timedelta(minutes=1)
+        by_day = unit.timeline == DAYS
+        per_row, rows = _slotted(cells, by_day, minutes)
+        # a few marks, however many slots: every third hour of a day, every quarter hour
+        marks = range(0, 24 * 60, 180) if by_day else range(0, 60, 15)
+        return _grid(per_row, [(m // minutes, f"{m // 60 if by_day else m:02d}")
+                               for m in marks if m % minutes == 0], rows)
+    per_line = CRON_STRIP if unit is None else unit.strip
+    slots = min(per_line, len(cells))
+    chunks = [cells[i:i + per_line] for i in range(0, len(cells), per_line)]
+    return Grid(slots, [], [(chunk[0][0].key, [*chunk, *[None] * (slots - len(chunk))])
+                            for chunk in chunks])
+
+
+def _grid(per_row: int, marks: list[tuple[int, str]], rows: Slotted) -> Grid:
+    """Rows of slots, each as long as the longest (a DST fall-back's extra slot)."""
+    slots = max(per_row, *(max(row) + 1 for row in rows.values()))
+    return Grid(slots, marks, [(label, [row.get(slot) for slot in range(slots)])
+                               for label, row in rows.items()])

@@ -296,9 +296,12 @@ def _now(s: report.JobState) -> str:
 
 
 def _next(s: report.JobState, now: datetime) -> str:
+    """The next period and how soon once run claims it; a lagging job's key is no time it
+    happens at, so it is called a period, due in so long."""
     if s.next is None or s.next_at is None:
         return '<span class="dim">-</span>'
-    return (f"{key_html(s.next.key)}<br><span class=\"dim\">in "
+    period, due = ('<span class="dim">period</span> ', "due ") if s.lag else ("", "")
+    return (f"{period}{key_html(s.next.key)}<br><span class=\"dim\">{due}in "
             f"{report.age((s.next_at - now).total_seconds())}</span>")
 
 

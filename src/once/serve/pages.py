@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from html import escape
@@ -72,7 +73,7 @@ body { background: var(--bg); color: var(--fg); margin: 1.5rem;
 a { color: var(--running); text-decoration: none; } a:hover { text-decoration: underline; }
 h1 { font-size: 1.35rem; margin: 0 0 .2rem; overflow-wrap: anywhere; }
 h2 { font-size: 1.1rem; margin: 1.6rem 0 .5rem; }
-.sub, .dim { color: var(--dim); } .sub { overflow-wrap: anywhere; }
+.sub, .dim { color: var(--dim); } .sub { overflow-wrap: break-word; }
 .banner { padding: .6rem .9rem; border-radius: 6px; margin: 1rem 0; background: var(--bad-bg);
   border: 1px solid var(--failed); font-weight: 600; }
 table { border-collapse: collapse; width: 100%; margin-top: .8rem; }
@@ -92,7 +93,7 @@ tr.ok td:first-child { box-shadow: inset 4px 0 var(--done); }
 .strip { white-space: nowrap; }
 .cell { display: inline-block; width: 6px; height: 14px; margin-right: 1px;
   border-radius: 2px; vertical-align: middle; }
-.nowrap { white-space: nowrap; } .owner { overflow-wrap: anywhere; }
+.nowrap, .key { white-space: nowrap; } .owner { overflow-wrap: anywhere; }
 .line { display: inline-block; max-width: 26ch; overflow: hidden; text-overflow: ellipsis;
   white-space: nowrap; vertical-align: bottom; font: 12px ui-monospace, monospace;
   color: var(--dim); }
@@ -101,12 +102,27 @@ td.lastline .line { max-width: 40ch; } a.line { color: var(--running); }
 .s-missing { background: transparent; box-shadow: inset 0 0 0 2px var(--missing); }
 .s-running { background: var(--running); } .s-stale { background: var(--stale); }
 .s-pending { background: var(--pending); } .s-none { background: transparent; }
-pre.timeline, pre.output { font: 13px/1.3 ui-monospace, "DejaVu Sans Mono", monospace;
-  overflow-x: auto; background: var(--head); padding: .8rem; border-radius: 6px; }
-pre.output { white-space: pre-wrap; overflow-wrap: anywhere; }
-pre .g-done { color: var(--done); } pre .g-failed { color: var(--failed); }
-pre .g-missing { color: var(--missing); } pre .g-running { color: var(--running); }
-pre .g-stale { color: var(--stale); } pre .g-pending { color: var(--dim); }
+pre.output { font: 13px/1.3 ui-monospace, "DejaVu Sans Mono", monospace;
+  overflow-x: auto; background: var(--head); padding: .8rem; border-radius: 6px;
+  white-space: pre-wrap; overflow-wrap: anywhere; }
+div.timeline { background: var(--head); padding: .8rem; border-radius: 6px;
+  font: 12px/1.3 ui-monospace, "DejaVu Sans Mono", monospace; }
+div.timeline p { margin: 0; overflow-wrap: anywhere; }
+.rows { display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: 2px .6rem;
+  align-items: center; margin: .7rem 0; }
+.slots { display: flex; min-width: 0; }
+.slot { flex: 1 1 0; min-width: 1px; max-width: 14px; height: 14px; margin-right: 1px;
+  border-radius: 2px; }
+.rows.few .slot { max-width: 28px; }
+.marks .slot { height: auto; border-radius: 0; overflow: visible; white-space: nowrap;
+  color: var(--dim); }
+.legend { display: flex; flex-wrap: wrap; gap: .2rem 1rem; align-items: center; }
+.legend .slot { flex: none; width: 10px; display: inline-block; vertical-align: middle;
+  margin-right: .3rem; }
+.g-done { background: var(--done); } .g-failed { background: var(--failed); }
+.g-missing { box-shadow: inset 0 0 0 2px var(--missing); }
+.g-running { background: var(--running); } .g-stale { background: var(--stale); }
+.g-pending { background: var(--pending); }
 ul.findings { padding-left: 1.2rem; } code { font-family: ui-monospace, monospace; }
 form.filter { display: flex; flex-wrap: wrap; gap: .4rem 1rem; align-items: center;
   margin: 1rem 0 0; } form.filter input { width: 16rem; max-width: 60vw; }
@@ -166,11 +182,28 @@ def schedule_text(s: report.JobState) -> str:
     return text + (f", {s.shards} shards" if s.shards > 1 else "")
 
 
-def key_html(text: str) -> str:
-    """A period key, broken only after its date (`2026-12-01T` / `23:00+00:00`) if at all."""
-    date, sep, clock = escape(text).partition("T")
-    return f'<span class="nowrap">{date}{sep}</span>{"<wbr>" if sep else ""}' + (
-        f'<span class="nowrap">{clock}</span>' if sep else "")
+def key_html(text: str, whole: bool = False) -> str:
+    """A period key, never wrapped: a clock key without its UTC offset (`2026-12-01 23:00`:
+    the job's zone is beside it; the whole key is its title), unless whole."""
+    found = None if whole else _CLOCK_KEY.fullmatch(text)
+    if found is None:
+        return f'<span class="key">{escape(text)}</span>'
+    date, clock, shard = found.group(1, 2, 4)
+    return (f'<span class="key" title="{escape(text)}">{escape(date)} {escape(clock)}'
+            f"{escape(shard or '')}</span>")
+
+
+_CLOCK_KEY = re.compile(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d(?::\d\d)?)([+-]\d\d:\d\d(?::\d\d)?|Z)"
+                        r"(#\d+)?")
+
+
+def url_html(text: str) -> str:
+    """A ledger's URL that a narrow screen breaks after a /, :, @, . or a hyphen, never in a
+    word's middle while such a break fits."""
+    return "<wbr>".join(escape(part) for part in _URL_BREAK.split(text))
+
+
+_URL_BREAK = re.compile(r"(?<=[/:@.?&=])(?=[^/:@.?&=])")  # after a run of separators
 
 
 def said_html(line: str | None, href: str | None) -> str:
@@ -195,7 +228,7 @@ def page(title: str, body: str, refresh: float) -> str:
 
 def header(heading: str, ledger: str, sub: str) -> str:
     return (f"<h1>{heading}</h1>\n"
-            f'<div class="sub">ledger <code>{escape(ledger)}</code>{sub}</div>\n'
+            f'<div class="sub">ledger <code>{url_html(ledger)}</code>{sub}</div>\n'
             '<div id="offline" class="banner" hidden>this page could not be refreshed: '
             "once serve does not answer</div>\n")
 
@@ -253,20 +286,37 @@ def _verdict(found: Sequence[report.Finding], name: str) -> str:
     return '<ul class="findings">' + "".join(items) + "</ul>"
 
 
-_GLYPHS = {glyph: state for state, (_, glyph, style, _) in timeline.STATES.items() if style}
-
-
 def _timeline(s: report.JobState, cells: list[tuple[Period, str]]) -> str:
-    """The terminal's drawing (once status --timeline), its glyphs coloured by state."""
-    lines = []
-    for line in timeline.draw(s, cells, tty=True):
-        out = []
-        for chunk, _style in line:
-            state = _GLYPHS.get(chunk)
-            out.append(f'<span class="g-{state}">{escape(chunk)}</span>' if state
-                       else escape(chunk))
-        lines.append("".join(out).rstrip())
-    return '<pre class="timeline">' + "\n".join(lines) + "</pre>"
+    """The periods `once status --timeline` draws, as rows of slots that share the page's
+    width (once.report.timeline.grid): a daily job's month is one row, an hourly job's day;
+    its title and legend wrap as text does. Each slot's title: its key and state."""
+    if s.sched is None or not cells:  # the line that says why not
+        why = "".join(text for text, _ in timeline.draw(s, cells, tty=False)[0])
+        return f'<div class="timeline"><p>{escape(why)}</p></div>'
+    title = (f"{escape(schedule_text(s))}, {escape(s.tz)}: "
+             f"{key_html(cells[0][0].key, whole=True)} .. "
+             f"{key_html(cells[-1][0].key, whole=True)} ({escape(timeline.summary(cells))})")
+    drawn = timeline.grid(s.sched, cells)
+    marks = dict(drawn.marks)
+    rows = ['<span></span><span class="slots marks">' + "".join(
+        f'<span class="slot">{escape(marks.get(i, ""))}</span>' for i in range(drawn.slots))
+        + "</span>"] if marks else []
+    for label, slots in drawn.rows:
+        rows.append(f"<span>{escape(label)}</span><span class=\"slots\">"
+                    + "".join(_slot(slot) for slot in slots) + "</span>")
+    legend = "".join(f'<span><span class="slot g-{state}"></span>'
+                     f"{escape(timeline.STATES[state][3])}</span>" for state in timeline.LEGEND)
+    wide = " few" if drawn.slots <= 12 else ""  # a few slots a row: each wider
+    return (f'<div class="timeline"><p>{title}</p>\n<div class="rows{wide}">'
+            + "\n".join(rows) + f'</div>\n<p class="legend">{legend}</p></div>')
+
+
+def _slot(slot: tuple[Period, str] | None) -> str:
+    if slot is None:
+        return '<span class="slot"></span>'
+    period, state = slot
+    return (f'<span class="slot g-{state}" title="{escape(period.key)}: '
+            f'{escape(timeline.STATES[state][3])}"></span>')
 
 
 _LAST = ' class="lastline"'
@@ -290,7 +340,7 @@ def _history(name: str, tz: str, entries: list[dict[str, Any]]) -> str:
         href = (output_href(name, e["period"], e["attempt"])
                 if e["finished_at"] or e["outcome"] == "taken-over" else None)
         said = said_html(e["last_line"] if e["status"] == "failed" else None, href)
-        cells = [key_html(e["period"]), str(e["attempt"]), str(e["fence"]),
+        cells = [key_html(e["period"], whole=True), str(e["attempt"]), str(e["fence"]),
                  f'<span class="owner">{escape(e["owner"])}</span>',
                  escape(_local(e["started_at"])), escape(_local(e["finished_at"])),
                  escape(report.took(e["duration_s"])),
