@@ -109,3 +109,20 @@ def test_the_pages_timeline_rows_of_hours_minutes_and_strips() -> None:
     assert [len(slots) for _, slots in weekly.rows] == [52, 52] and weekly.marks == []
     assert [sum(1 for slot in slots if slot) for _, slots in weekly.rows] == [52, 8]
     assert grid(schedule("week", None, "UTC"), []).rows == []
+
+
+@pytest.mark.parametrize(("zoned", "header"), [(False, "SINCE"), (True, "FROM (UTC)")])
+def test_a_short_header_keeps_its_zone_only_where_its_short_cells_are_in_it(
+        zoned: bool, header: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A history's short times are still in its zone (STARTED (Europe/Berlin)); a lead's
+    SINCE, short, is an age, and loses its (UTC)."""
+    from once.report.screen import print_fitted
+
+    monkeypatch.setenv("COLUMNS", "40")
+    name = header.split(" (")[0]
+    whole = [[("celery-beat-of-the-billing-team", ""), ("2026-12-06 02:06:00", "")]]
+    short = [[("celery-beat-of-the-billing-team", ""), ("5m ago" if not zoned else "02:06", "")]]
+    fit = print_fitted(["LEAD", f"{name} (UTC)"], whole, short, (), zoned=zoned)
+    lines = capsys.readouterr().out.splitlines()
+    assert fit.hidden == [] and lines[0].split(None, 1)[1].strip() == header, lines

@@ -5,8 +5,9 @@ when a table is drawn on one).
 table has them) when that fits; else the compact cells (once.report.render.status_cells(
 compact=True): short period keys, NOW without its key) and, while the table is still wider
 than the terminal, columns dropped by priority (DROP_ORDER, HISTORY_DROP), a line under the
-table saying which and that --wide shows them. A header keeps its parenthesis (the zone its
-times are in: `STARTED (Europe/Berlin)`). JOB is never wrapped (a name split across lines is
+table saying which and that --wide shows them. A history's header keeps its parenthesis (the
+zone its short times are still in: `STARTED (Europe/Berlin)`; a lead's SINCE, an age when
+short, loses it). JOB is never wrapped (a name split across lines is
 unreadable and unsearchable); history's LAST LINE is one line cut to what the others leave
 (the line under the table says so, and how to read it whole); the other cells wrap at
 spaces only, and a word that cannot fit is cut short with an ellipsis, never folded in two.
@@ -88,7 +89,7 @@ def history_table(headers: Sequence[str], rows: Sequence[Sequence[Cell]],
 
     cut = None if wide or logs is None else len(headers) - 1
     fit = print_fitted(headers, rows, compact, drop, title=title, job_column=job_column,
-                       cut=cut, wide=wide)
+                       cut=cut, wide=wide, zoned=True)
     console = Console(highlight=False)
     notes = [hidden_line(fit.hidden)] if fit.hidden else []
     if fit.cut and logs:  # the command on a line of its own unless the whole note fits one
@@ -102,12 +103,13 @@ def history_table(headers: Sequence[str], rows: Sequence[Sequence[Cell]],
 def print_fitted(headers: Sequence[str], rows: Sequence[Sequence[Cell]],
                  compact: Sequence[Sequence[Cell]], drop: Sequence[str], title: str = "",
                  job_column: int | None = None, cut: int | None = None,
-                 wide: bool = False) -> Fit:
-    """Print the table as it fits the terminal: rows whole, else the compact rows with as
-    few columns dropped (in the order of `drop`, a header named without its parenthesis; a
-    name ending in ? only while its every cell is - or empty) as it takes; wide: rows whole
-    however wide. The headers of the columns dropped (without their parenthesis), and
-    whether the cut column was cut short."""
+                 wide: bool = False, zoned: bool = False) -> Fit:
+    """Print the table as it fits the terminal: rows whole, else the compact rows (their
+    headers without a parenthesis, unless zoned: the compact cells are still in the zone it
+    names) with as few columns dropped (in the order of `drop`, a header named without its
+    parenthesis; a name ending in ? only while its every cell is - or empty) as it takes;
+    wide: rows whole however wide. The headers of the columns dropped (without their
+    parenthesis), and whether the cut column was cut short."""
     from rich.console import Console
 
     console = Console(highlight=False)
@@ -119,6 +121,7 @@ def print_fitted(headers: Sequence[str], rows: Sequence[Sequence[Cell]],
         console.print(_table(console, headers, rows, every, title, job_column, cut))
         return Fit([], _was_cut(console, headers, rows, every, cut))
     short = [h.split(" (")[0] for h in headers]  # the names `drop` and the notes use
+    headers = headers if zoned else short
     kept, hidden = list(every), []
     for name in drop:
         if _width(console, headers, compact, kept, job_column, cut) <= console.width:
