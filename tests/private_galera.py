@@ -7,9 +7,12 @@ joiner's rsync would write as `nobody` and fail). Optional: haproxy on 3310 in f
 node 1 the writer, nodes 2 and 3 its backups, as Galera is usually fronted.
 
 Started once per session by tests/conftest.py when ONCE_TEST_BACKENDS names `galera` (a
-cluster that does not start fails the session, never skips), stopped at its end. Its fixture,
-registered by tests/conftest.py: `galera` (the cluster, whole: a node a test killed is brought
-back before the next test gets it).
+cluster that does not start fails the session, never skips), stopped at its end. Under
+pytest-xdist the controller starts it and a worker attaches to it (`attach`): whoever started
+a node, its pid is in n{N}/launched.pid, so that any process of the session can kill a node,
+start it again, or stop it at the end (the controller). Its fixture, registered by
+tests/conftest.py: `galera` (the cluster, whole: a node a test killed is brought back before
+the next test gets it).
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -40,12 +45,60 @@ def sql_port(node: int) -> int:
     return 3310 + node
 
 
+class NodeProcess:
+    """A node's server as a Popen has it (pid, poll, kill, terminate, wait), whether this
+    process started it (its Popen) or another process of the session did (its pid alone)."""
+
+    def __init__(self, pid: int, popen: subprocess.Popen[bytes] | None = None) -> None:
+        self.pid, self.popen = pid, popen
+
+    def poll(self) -> int | None:
+        if self.popen is not None:
+            return self.popen.poll()
+        return None if _running(self.pid) else -1  # another's child: its status is not ours
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.popen is not None:
+            return self.popen.wait(timeout=timeout)
+        deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
+        while _running(self.pid):
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.05)
+        return -1
+
+    def _signal(self, number: int) -> None:
+        with suppress(ProcessLookupError):
+            os.kill(self.pid, number)
+
+
 class GaleraCluster:
     """Three Galera nodes of one cluster, each killable and brought back whole."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path | None = None) -> None:
+        """A new cluster's place (start() starts it), or, given the root of the session's
+        running cluster, that cluster (another process of the session started it)."""
         self.mariadbd = shutil.which("mariadbd") or shutil.which("mariadbd", path="/usr/sbin")
         self.install = shutil.which("mariadb-install-db")
+        self.as_mysql = os.geteuid() == 0
+        self.procs: dict[int, NodeProcess] = {}
+        self.proxy: subprocess.Popen[bytes] | None = None
+        self.owner = root is None  # the process that stops it at the end
+        if root is not None:
+            self.root = root
+            self.procs = {node: NodeProcess(pid) for node in NODES
+                          if (pid := self._launched(node)) is not None}
+            return
         missing = [what for what, found in (("mariadbd", self.mariadbd),
                                             ("mariadb-install-db", self.install),
                                             (PROVIDER, os.path.exists(PROVIDER)),
@@ -62,10 +115,7 @@ class GaleraCluster:
                                f"(another session's cluster, or not a cluster of ours)")
         self.root = Path(tempfile.mkdtemp(prefix="once-galera-"))
         (self.root / "session.pid").write_text(str(os.getpid()))
-        self.as_mysql = os.geteuid() == 0
         self._own(self.root)
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.proxy: subprocess.Popen[bytes] | None = None
 
     # -- life ----------------------------------------------------------------------------
 
@@ -105,14 +155,25 @@ class GaleraCluster:
             self.join(*down)
 
     def stop(self) -> None:
+        """Stop what this process started (haproxy); the owner stops every node and haproxy,
+        whoever started them (their pid files), and removes the cluster's directory."""
         if self.proxy is not None:
             self.proxy.terminate()
             with suppress(subprocess.TimeoutExpired):
                 self.proxy.wait(timeout=10)
-        for proc in self.procs.values():
+            self.proxy = None
+        if not self.owner:
+            return
+        proxy = _pid_in(self.root / "haproxy.pid")
+        if proxy is not None:  # a worker's, if it died before stopping it
+            NodeProcess(proxy).kill()
+        ours = {proc.pid: proc for proc in self.procs.values()}
+        latest = [ours.get(pid) or NodeProcess(pid) for pid in map(self._launched, NODES)
+                  if pid is not None]  # whoever started it: a worker may have, after a kill
+        for proc in latest:
             proc.terminate()
-        for proc in self.procs.values():
-            reaped(proc, 60)
+        for proc in latest:
+            reaped(proc, 60)  # type: ignore[arg-type]
         self.procs.clear()
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -131,6 +192,7 @@ class GaleraCluster:
             with open(self.root / "haproxy.log", "wb") as log:
                 self.proxy = subprocess.Popen([haproxy, "-db", "-f", str(config)],
                                               stdout=log, stderr=log)
+            (self.root / "haproxy.pid").write_text(str(self.proxy.pid))
             wait_for(lambda: self._answers(PROXY_PORT), timeout=30, what="haproxy to answer")
         return f"mariadb://root@127.0.0.1:{PROXY_PORT}"
 
@@ -210,12 +272,16 @@ class GaleraCluster:
         self._own(data)
         return data
 
+    def _launched(self, node: int) -> int | None:
+        """The pid of the node's latest server, whichever process of the session started it."""
+        return _pid_in(self.root / f"n{node}" / "launched.pid")
+
     def _launch(self, node: int, *extra: str) -> None:
         home = self.root / f"n{node}"
         peers = ",".join(f"127.0.0.1:{4560 + n}" for n in NODES)
         provider = (f"gmcast.listen_addr=tcp://127.0.0.1:{4560 + node};"
                     f"ist.recv_addr=127.0.0.1:{4570 + node};gcache.size=16M")
-        self.procs[node] = subprocess.Popen(
+        popen = subprocess.Popen(
             [str(self.mariadbd), "--no-defaults", *self._user(), f"--datadir={home}/data",
              f"--port={sql_port(node)}", "--bind-address=127.0.0.1",
              f"--socket={home}/socket", f"--pid-file={home}/pid",
@@ -228,6 +294,8 @@ class GaleraCluster:
              "--wsrep-sst-method=rsync", f"--wsrep-sst-receive-address=127.0.0.1:{4580 + node}",
              f"--wsrep-provider-options={provider}", *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.procs[node] = NodeProcess(popen.pid, popen)
+        (home / "launched.pid").write_text(str(popen.pid))
 
 
 class NodeWatch:
@@ -297,8 +365,6 @@ listen galera
 def _reclaim_abandoned() -> None:
     """Stop the servers of a cluster whose session died (SIGKILL, or SIGTERM without its
     atexit) and remove its directory; a live session's cluster is left alone."""
-    import signal
-
     roots: dict[Path, list[int]] = {}
     for proc in Path("/proc").iterdir():
         try:
@@ -333,6 +399,13 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _pid_in(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _listening(port: int) -> bool:
     with socket.socket() as probe:
         probe.settimeout(1)
@@ -355,6 +428,18 @@ def cluster() -> GaleraCluster:
         atexit.register(stop_cluster)  # the session's end stops it too; this, if it died
         _cluster = started
     return _cluster
+
+
+def current() -> GaleraCluster | None:
+    """The session's cluster if this process started or attached to it."""
+    return _cluster
+
+
+def attach(root: Path) -> None:
+    """This process (an xdist worker) uses the cluster that the controller started in root;
+    stop_cluster() leaves its nodes to the controller."""
+    global _cluster
+    _cluster = GaleraCluster(root)
 
 
 def stop_cluster() -> None:
