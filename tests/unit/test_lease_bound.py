@@ -45,6 +45,8 @@ def test_a_bounded_statement_is_cancelled_before_its_bound_and_shut_at_it(clock:
     with deadlines.statements_until(clock.now + 2.0):
         cancel, shut = watchdog.bounded(3.75, 5.0)
     assert (cancel, shut) == (2.0 - watchdog.CANCEL_ANSWER, 2.0)
+    with deadlines.statements_until(clock.now + 0.6):  # a renewal sent late: a chance still
+        assert watchdog.bounded(3.75, 5.0) == pytest.approx((0.3, 0.6))
     with deadlines.statements_until(clock.now - 1.0):  # already past: at once
         assert watchdog.bounded(3.75, 5.0) == (0.0, 0.0)
     assert deadlines.statement_bound() is None  # the block's end lifts it
@@ -155,5 +157,7 @@ def test_sqlite_names_the_write_lock(tmp_path: Path) -> None:
     with pytest.raises(sqlite3.OperationalError) as busy:
         waiter.execute("INSERT INTO t VALUES (1)")
     holder.execute("ROLLBACK")
+    holder.close()
+    waiter.close()
     assert errors.lock_waited(errors.SQLITE, busy.value) == "the database's write lock"
     assert named("sqlite").lock_waited(sqlite3.OperationalError("no such table")) == ""

@@ -108,21 +108,21 @@ class _StatementWatchdog:
 
 WATCHDOG = _StatementWatchdog()
 
-# How long before its bound a bounded statement is cancelled: the server's answer, which says
-# what the statement was waiting for (a row lock), comes back by the bound.
+# How long before its bound a bounded statement is cancelled (at most: half the time left), so
+# that the server's answer, which says what it waited for (a row lock), comes by the bound.
 CANCEL_ANSWER = 0.5
 
 
 def bounded(cancel_after: float, shut_after: float) -> tuple[float, float]:
     """A statement's limits (seconds from now), cut to the deadline its thread's statements
     are bounded by (once.deadlines.statements_until: a renewal's lease): cancelled
-    CANCEL_ANSWER before it, its socket shut down at it. Without such a deadline, or with
-    limits inside it, they are as given."""
+    CANCEL_ANSWER before it (a renewal sent late, halfway to it), its socket shut down at it.
+    Without such a deadline, or with limits inside it, they are as given."""
     bound = statement_bound()
     if bound is None:
         return cancel_after, shut_after
     left = max(0.0, bound - lease_now())
-    return min(cancel_after, max(0.0, left - CANCEL_ANSWER)), min(shut_after, left)
+    return min(cancel_after, max(left - CANCEL_ANSWER, left / 2)), min(shut_after, left)
 
 
 def limits(statement_timeout: float) -> tuple[float, float]:
