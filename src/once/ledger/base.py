@@ -370,16 +370,16 @@ class Ledger:
         return self.LIVE_OTHER.format(age=self.HEARTBEAT_AGE, fresh=self.FRESH)
 
     ROW_HOLDER = """
-        SELECT attempt, fence, owner, claim_id FROM once_runs
+        SELECT attempt, fence, owner, claim_id, interrupted FROM once_runs
         WHERE job = %(job)s AND period = %(period)s"""
 
-    def holder(self, job: str, key: str) -> tuple[int, int, str, str | None] | None:
-        """Who holds the period's row: (attempt, fence, owner, claim id); None: no row."""
+    def holder(self, job: str, key: str) -> tuple[int, int, str, str | None, int] | None:
+        """The period's row: (attempt, fence, owner, claim id, interrupted attempts)."""
         rows = self._read(self.ROW_HOLDER, {"job": job, "period": key})
         if not rows:
             return None
-        attempt, fence, owner, claim_id = rows[0]
-        return int(attempt), int(fence), str(owner), claim_id
+        attempt, fence, owner, claim_id, interrupted = rows[0]
+        return int(attempt), int(fence), str(owner), claim_id, int(interrupted)
 
     def rows(self, job: str) -> LedgerRows:
         """The job's rows as catch-up reads them (once.ledger.gap_rows)."""

@@ -13,7 +13,7 @@ from functools import partial
 from once.ledger import Claim, Job, Ledger, LedgerError
 from once.ledger.records import attempt_cap
 from once.limits import OUTPUT_TAIL
-from once.outcomes import History, Status
+from once.outcomes import History, Status, attempts_left
 from once.run.lease import Lease, NoAnswer
 from once.run.relay import text
 
@@ -140,7 +140,7 @@ def lost_reason(ledger: Ledger, job: str, key: str, claim: Claim) -> str:
     if row is None:
         return ("the ledger no longer holds this claim (lost in a failover to a standby "
                 "that lacked it?)")
-    attempt, fence, owner, claim_id = row
+    attempt, fence, owner, claim_id, _ = row
     if attempt > claim.attempt or claim_id == claim.claim_id:
         return f"another attempt took it over (attempt {attempt}, owner {owner})"
     return (f"the ledger holds another claim of attempt {attempt} (owner {owner}, fence "
@@ -169,3 +169,23 @@ def unrecorded(lease: Lease, status: Status, attempt: int, max_attempts: int) ->
             f"{attempt_cap(max_attempts)})",
             "unreachable" if why.endswith("unreachable") else "not-recorded")
 
+
+
+def next_step(ledger: Ledger, job: Job, key: str, claim: Claim) -> str:
+    """A failed attempt's place among its period's attempts and what comes next, for its
+    `once:` line (cron mails it): `attempt 2 of 3; the next fire retries it`. The row's
+    interrupted attempts are read (on this path only): they do not count against
+    --max-attempts."""
+    try:
+        row = ledger.holder(job.name, key)
+    except LedgerError:
+        row = None
+    interrupted = row[4] if row is not None and row[0] == claim.attempt else 0
+    counted = claim.attempt - interrupted
+    place = (f"attempt {claim.attempt} of {job.max_attempts}" if not interrupted else
+             f"attempt {claim.attempt} ({counted} of --max-attempts {job.max_attempts} "
+             f"counted)")
+    if attempts_left(claim.attempt, interrupted, job.max_attempts):
+        return f"{place}; the next fire retries it"
+    return (f"{place}; no attempts left: `once rerun --job {job.name} --period {key}` runs "
+            f"it again")

@@ -146,6 +146,7 @@ def catch_up(ledger: Ledger, job: Job, periods: Sequence[Period], command: Seque
     # One guard for the periods (once.run.keeper); a lone period forks its own, as `once run`
     # does, rather than pay for starting one (about 30 ms).
     settings.keeper = Keeper() if len(periods) > 1 else None
+    settings.results_said = True  # each period's line says it (under -q, flow's failure line)
     with Stop().caught() as stop:
         settings.stop = stop
         try:

@@ -18,10 +18,10 @@ from once import outcomes
 from once.deadlines import lease_now
 from once.frozen import Frozen
 from once.ledger import Claim, CommandDrift, Job, Ledger, LedgerError
-from once.ledger.records import capped_line, used_up_line
 from once.limits import OUTPUT_TAIL
 from once.messages import ERROR, NORMAL, VERBOSE, say
 from once.periods import Period, Schedule, iso, utc_instant
+from once.run import skips
 from once.run.child import StateFile, child_env
 from once.stored import shard_key
 
@@ -68,6 +68,8 @@ class Settings:
         self.log_format = log_format  # or "json": one object a line, for log shippers
         self.context = {} if context is None else context  # job, period, attempt: for logs
         self.keeper: Keeper | None = None  # catch-up's guard for all its periods (backfill)
+        # A catch-up's own lines say each period's result (backfill), but not under -q.
+        self.results_said = False
         self.stop: Stop | None = None  # catch-up's and --all-shards' stop signal (run_shards)
 
 
@@ -135,10 +137,8 @@ class Result(Frozen):
 
 
 def command_hash(command: Sequence[str], version_tag: str | None = None) -> str:
-    """A fingerprint of the command line (and --version-tag), to notice drift between hosts.
-
-    CRC-32, not a security measure: zlib costs a tenth of hashlib's import on every fire.
-    """
+    """A fingerprint of the command line and --version-tag, to notice drift between hosts:
+    CRC-32, no security measure (zlib costs a tenth of hashlib's import on every fire)."""
     import zlib
 
     text = "\0".join([*command, version_tag or ""])
@@ -280,45 +280,8 @@ def _shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
 
 def _skipped(what: str, claim: Claim, job: Job, settings: Settings,
              rerun: bool = False) -> Result:
-    skip = claim.skip_reason
-    if rerun and skip in ("skipped-held", "skipped-overlap"):
-        _refused(what, claim, settings)
-    elif claim.capped:  # once, by the claim that did it: said even with -q
-        say(f"{what}: {capped_line(claim.attempt, job.max_attempts)}", settings, ERROR, "capped")
-    elif skip == "skipped-failed":
-        say(f"{what}: skipped: "
-            f"{used_up_line(claim.attempt, claim.interrupted, job.max_attempts)} (once rerun "
-            f"runs it again)", settings, event=skip)
-    elif skip == "skipped-done":
-        say(f"{what}: skipped: done by attempt {claim.attempt}", settings, VERBOSE, skip)
-    elif skip == "skipped-overlap":
-        say(f"{what}: skipped: --no-overlap and {claim.held_period} is still held by "
-            f"{claim.owner} (attempt {claim.attempt}); nothing was claimed, a later catch-up "
-            f"makes it up", settings, event=skip)
-    else:
-        say(f"{what}: skipped: held by {claim.owner} ({_liveness(claim)})", settings, VERBOSE,
-            skip)
-    return Result(skip, settings.skipped_exit_code)
-
-
-def _liveness(claim: Claim) -> str:
-    """attempt 2, heartbeat 1.2s ago, stale after 30s: what a held claim said of its holder."""
-    age = f", heartbeat {claim.heartbeat_age:.1f}s ago" if claim.heartbeat_age else ""
-    promise = f", stale after {claim.stale_after:g}s" if claim.stale_after is not None else ""
-    return f"attempt {claim.attempt}{age}{promise}"
-
-
-def _refused(what: str, claim: Claim, settings: Settings) -> None:
-    """A rerun's claim that a live attempt held back: the period's own, or with --no-overlap
-    another period's. Nothing is made up later (no catch-up reruns a done period): said
-    even with -q, with status 69 (rerun_period)."""
-    if claim.skip_reason == "skipped-overlap":
-        holds = (f"--no-overlap and {claim.held_period} is still held by {claim.owner} "
-                 f"({_liveness(claim)})")
-    else:
-        holds = f"a live attempt holds it ({claim.owner}, {_liveness(claim)})"
-    say(f"{what}: rerun refused: {holds}; nothing was run, try again when it has finished",
-        settings, ERROR, "rerun-refused")
+    skips.say(what, claim, job, settings, rerun)
+    return Result(claim.skip_reason, settings.skipped_exit_code)
 
 
 def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int | None,
@@ -356,7 +319,8 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
     if not recorded:
         return _not_recorded(ledger, job, key, claim, what, recorded is None, status,
                              new_state, outcome.output, lease, settings)
-    return _recorded(what, outcome, status, settings)
+    later = attempt.next_step(ledger, job, key, claim) if status == "failed" else ""
+    return _recorded(what, outcome, status, settings, later)
 
 
 def _run_command(ledger: Ledger, job: Job, period: Period, shard: int | None, claim: Claim,
@@ -400,15 +364,15 @@ def _not_recorded(ledger: Ledger, job: Job, key: str, claim: Claim, what: str,
     return Result("fenced-out", EXIT_FENCED_OUT, output)
 
 
-def _recorded(what: str, outcome: Outcome, status: outcomes.Status,
-              settings: Settings) -> Result:
-    """The result of a recorded attempt, and once's exit status for it: the command's own
-    (after a stop signal too, 0 included), 1 for a watermark that could not be stored, 124
-    for --timeout."""
+def _recorded(what: str, outcome: Outcome, status: outcomes.Status, settings: Settings,
+              later: str = "") -> Result:
+    """A recorded attempt's result and once's status: the command's own (after a stop signal
+    too, 0 included), 1 for a watermark not stored, 124 for --timeout. A failure is one line,
+    -q or not (cron mails it), `later` its place and what comes next (attempt.next_step)."""
     output = outcome.output
     if outcome.kind == "timed-out":
-        say(f"{what}: timed out after --timeout {settings.timeout:g}s; recorded failed",
-            settings, ERROR, "timed-out")
+        say(f"{what}: timed out after --timeout {settings.timeout:g}s; recorded failed "
+            f"({later})", settings, ERROR, "timed-out")
         return Result(outcomes.result(outcome.kind, status), EXIT_TIMEOUT, output)
     interrupted = outcome.interrupted_by is not None
     if outcome.interrupted_by is not None:  # a pod's SIGTERM: the log must say why it ended
@@ -420,7 +384,17 @@ def _recorded(what: str, outcome: Outcome, status: outcomes.Status,
         say(f"{what}: {signal_name(outcome.interrupted_by)} received {how}; recorded failed "
             f"(interrupted: not counted against --max-attempts)", settings, ERROR,
             "interrupted")
-    say(f"{what}: {status} (exit {outcome.status})", settings, VERBOSE, status)
+    said = settings.results_said and settings.verbosity >= NORMAL
+    if status == "failed" and not interrupted and outcome.kind in ("exited", "signaled") \
+            and outcome.status and not said:  # (0: a bad watermark, said already)
+        from once.run.wrapper import signal_name
+
+        ended = (f"killed by {signal_name(outcome.status - 128)}"
+                 if outcome.kind == "signaled" else f"exit {outcome.status}")
+        say(f"{what.rpartition(' attempt ')[0]}: failed ({ended}), {later}", settings, ERROR,
+            "failed")
+    else:
+        say(f"{what}: {status} (exit {outcome.status})", settings, VERBOSE, status)
     if status == "failed" and outcome.status == 0 and not interrupted:  # a bad watermark
         return Result(status, 1, output)
     return Result(outcomes.result(outcome.kind, status), outcome.status, output, interrupted)
