@@ -13,9 +13,10 @@ ONCE_TEST_BACKENDS (default: sqlite,embedded-postgres), each test in its own dat
   they are where pooling could break a claim, a heartbeat or a finish. The other backend
   tests passed through it too, but took another 6 to 7 minutes on a loaded two-core machine.
 
-PostgreSQL tests get a schema of their own (search_path in the URL), MariaDB tests a database
-of their own. PgBouncer refuses the `options` startup parameter that carries search_path, so
-pgbouncer tests get a database of their own, created and dropped on the server directly.
+PostgreSQL tests get a schema of their own (search_path in the URL; under xdist, in a database
+of their worker's own: _worker_database), MariaDB tests a database of their own. PgBouncer
+refuses the `options` startup parameter that carries search_path, so pgbouncer tests get a
+database of their own, created and dropped on the server directly.
 - galera: a three-node MariaDB Galera cluster on loopback (tests/private_galera.py), started
   at the session's start and stopped at its end. Its tests are test_galera.py's, callers
   spread across the nodes; the per-backend tests do not run on it (each node is a MariaDB).
@@ -85,6 +86,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     handed = getattr(session.config, "workerinput", {}).get(SHARED)
     if handed is not None:  # an xdist worker: the controller started and checked them
         _adopt(handed)
+        for name in ("embedded-postgres", "postgres"):
+            if name in BACKENDS:
+                _servers[name] = _worker_database(_server(name), session.config)
         return
     for name in BACKENDS:
         try:
@@ -118,10 +122,41 @@ def _adopt(handed: dict[str, str]) -> None:
             _servers[name] = Server(name, "postgresql", url)
 
 
+# The databases this xdist worker made (_worker_database): (on that server, the name).
+_made: list[tuple[Server, str]] = []
+
+
+def _worker_database(server: Server, config: pytest.Config) -> Server:
+    """A PostgreSQL server as an xdist worker's tests see it: a database of the worker's own,
+    where they make their schemas. The tables' creation takes an advisory lock of the
+    database's (once.ledger.dialects): in one database, one worker's stampede of first uses
+    (24 `once` on an empty ledger) queued another worker's behind it past a minute. A
+    server that refuses CREATE DATABASE is used as named (the tests are as right, only
+    slower)."""
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    name = f"once_w_{worker}_{uuid.uuid4().hex[:8]}"
+    try:
+        with server.admin() as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+    except Exception as exc:
+        print(f"warning: {server.name}: no database of this worker's own: {exc}",
+              file=sys.stderr)
+        return server
+    _made.append((server, name))
+    return Server(server.name, server.dialect,
+                  urlsplit(server.admin_url)._replace(path="/" + name).geturl())
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from private_galera import stop_cluster
 
     stop_cluster()  # a worker's stops only what it started (haproxy); the controller's, all
+    for server, name in _made:
+        try:
+            with server.admin() as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        except Exception as exc:  # leftovers are harmless: every worker has its own name
+            print(f"warning: could not drop {name}: {exc}", file=sys.stderr)
     shutil.rmtree(os.environ["_ONCE_SYSTEM_ROOT"], ignore_errors=True)
 
 
