@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ONCE = str(Path(sys.executable).with_name("once"))
@@ -96,30 +97,38 @@ def _row(name: str, what: str, values: list[float], goal: float) -> None:
           f"{verdict}")
 
 
-def candidate_cost(name: str, url: str) -> None:
-    """CPU and server transactions a second per waiting candidate."""
+def candidate_cost(name: str, url: str, count: int = CANDIDATES) -> None:
+    """CPU and server transactions a second per waiting candidate. Each candidate keeps one
+    connection: on PostgreSQL a hundred need a server with room for them (its default
+    max_connections is 100) or PgBouncer in front (ONCE_BENCH_PGBOUNCER_URL)."""
     env = {**os.environ, "ONCE_DATABASE_URL": url}
+    stats = _stats(url)  # before the candidates take the server's connections
     with tempfile.TemporaryDirectory() as tmp:
         marks = Path(tmp)
         lead_name = f"bench-wait-{time.time_ns()}"
         procs = [_lead(env, lead_name, marks)]
         try:
             _started(marks, 1)
-            procs += [_lead(env, lead_name, marks) for _ in range(CANDIDATES)]
-            time.sleep(10)  # started, connected, standing
-            cpu0, commits0, t0 = _cpu(procs[1:]), _commits(url), time.monotonic()
+            procs += [_lead(env, lead_name, marks) for _ in range(count)]
+            time.sleep(15)  # started, connected, standing
+            cpu0, commits0, t0 = _cpu(procs[1:]), stats(), time.monotonic()
             time.sleep(10)
-            cpu1, commits1, t1 = _cpu(procs[1:]), _commits(url), time.monotonic()
+            cpu1, commits1, t1 = _cpu(procs[1:]), stats(), time.monotonic()
+            alive = sum(proc.poll() is None for proc in procs[1:])
+            gone = [proc for proc in procs[1:] if proc.poll() is not None]
+            if gone:
+                print(f"  {len(gone)} candidates exited, statuses "
+                      f"{sorted({proc.returncode for proc in gone})}", file=sys.stderr)
         finally:
             for proc in procs:
                 proc.kill()
                 proc.wait()
     seconds = t1 - t0
-    cpu = (cpu1 - cpu0) / seconds / CANDIDATES * 100
+    cpu = (cpu1 - cpu0) / seconds / count * 100
     rate = "" if commits0 is None or commits1 is None else \
-        f", {(commits1 - commits0) / seconds / CANDIDATES:.2f} server commits/s each"
-    print(f"{name:<11} lead, a waiting candidate ({CANDIDATES} of one name): {cpu:.2f}% of a "
-          f"core each{rate}")
+        f", {(commits1 - commits0) / seconds / count:.2f} server commits/s each"
+    print(f"{name:<11} lead, a waiting candidate ({count} of one name, {alive} waiting to the "
+          f"end): {cpu:.2f}% of a core each{rate}")
 
 
 def _cpu(procs: list[subprocess.Popen[bytes]]) -> float:
@@ -135,18 +144,24 @@ def _cpu(procs: list[subprocess.Popen[bytes]]) -> float:
     return total
 
 
-def _commits(url: str) -> int | None:
+def _stats(url: str) -> Callable[[], int | None]:
+    """A reader of the server's committed transactions (PostgreSQL; None elsewhere), on a
+    connection of its own taken now, straight to the server (not through PgBouncer)."""
     if not url.startswith("postgresql"):
-        return None
+        return lambda: None
     import psycopg
 
     from once.ledger import parse_url
 
-    conninfo = parse_url(url).connect_args["conninfo"]
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        row = conn.execute("SELECT xact_commit FROM pg_stat_database "
-                           "WHERE datname = current_database()").fetchone()
-    return None if row is None else int(row[0])
+    conninfo = parse_url(os.environ.get("ONCE_BENCH_POSTGRES_URL") or url
+                         ).connect_args["conninfo"]
+    conn = psycopg.connect(conninfo, autocommit=True)
+
+    def commits() -> int | None:
+        row = conn.execute("SELECT sum(xact_commit) FROM pg_stat_database").fetchone()
+        return None if row is None else int(row[0])
+
+    return commits
 
 
 def leader_memory(name: str, url: str) -> None:
@@ -173,7 +188,12 @@ def _pss(pid: int) -> int:
 
 
 def run(sqlite_url: str, pg_url: str) -> None:
+    bouncer = os.environ.get("ONCE_BENCH_PGBOUNCER_URL")
     for name, url in (("sqlite", sqlite_url), ("postgresql", pg_url)):
         failover_gaps(name, url)
-        candidate_cost(name, url)
+        if name == "sqlite" or bouncer:
+            candidate_cost(name if name == "sqlite" else "pgbouncer",
+                           url if name == "sqlite" else bouncer or url)
+        else:  # a hundred connections would not fit a default server beside the others
+            candidate_cost(name, url, min(CANDIDATES, 40))
         leader_memory(name, url)

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 POLL = 0.5
 # After a failed look (the ledger unreachable) it waits longer each time, up to this.
 MAX_BACKOFF = 5.0
+QUIET_TRIES = 5  # lost races or passing errors in a row that are tried again without a line
 LEASE_MIN = 3.0  # seconds: a statement's bound (at least 1 s) must fit a third of it
 FENCED_OUT = 70  # the lease was lost and the command stopped (docs: exit statuses)
 
@@ -103,14 +104,15 @@ class Elector:
     def campaign(self) -> tuple[int, float] | None:
         """Wait for the lease and take it: (term, when the acquire was sent, lease clock);
         None when `stop` was set first."""
-        backoff = POLL
+        backoff, passing = POLL, 0
         while not self.stop.is_set():
             try:
                 won = self._try()
-                backoff = POLL
+                backoff, passing = POLL, 0
             except Exception as exc:  # a LedgerError: unreachable, refused, a lost race
                 self.ledger.close()  # the next look opens a fresh connection
-                if not self._lost_race(exc):
+                passing += 1
+                if not (self._lost_race(exc) and passing < QUIET_TRIES):
                     self.say(f"{self.name}: no leader can be chosen now, {exc}; trying again "
                              f"every {min(backoff * 2, MAX_BACKOFF):g}s at most", "ledger-error",
                              ERROR)
@@ -134,8 +136,9 @@ class Elector:
                 return won
             peek = self.leases.peek(self.name)
         if lease_now() - self._stood_at >= stand_interval(self.lease):
-            self.leases.stand(self.name, self.holder, self.owner)
             self._stood_at = lease_now()
+            with suppress(Exception):  # for the reports alone: a busy ledger may skip one
+                self.leases.stand(self.name, self.holder, self.owner)
         self._say_held(peek)
         return max(0.05, min(POLL, peek.free_in))
 
@@ -147,8 +150,12 @@ class Elector:
             self.say(f"{self.name}: candidate; no leader now", "candidate")
 
     def _lost_race(self, exc: BaseException) -> bool:
+        """A race lost to another candidate, or what passes (a lock held for a moment: a
+        hundred candidates on one SQLite file): looked at again, without a line, unless it
+        goes on (QUIET_TRIES)."""
         cause = exc.__cause__ or exc
-        return self.ledger.backend.lost_race(cause)
+        return (self.ledger.backend.lost_race(cause)
+                or getattr(exc, "failure", "") in ("transient", "slow"))
 
     def withdraw(self) -> None:
         with suppress(Exception):  # a candidate row left behind ages out of the reports
