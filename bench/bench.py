@@ -355,7 +355,7 @@ def report_rows(now: object, count: int = REPORT_JOBS, length: int = REPORT_PERI
     with gaps, failures and a stale attempt); times as aware UTC datetimes."""
     from datetime import UTC, datetime, timedelta
 
-    from once.periods import schedule
+    from once.schedules import schedule
 
     assert isinstance(now, datetime)
     periods = {}

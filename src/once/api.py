@@ -36,9 +36,10 @@ from once.ledger import (
     unnamed_url,
 )
 from once.outcomes import Status
-from once.periods import Period, schedule
+from once.periods import Period
 from once.run import attempt, flow
 from once.run.lease import Lease
+from once.schedules import schedule
 
 # How the API names a ledger: the command line's ONCE_DATABASE_URL is not read here.
 NAME_IT = "pass db= the shared ledger's URL (a SQLite file on a volume, if that is meant)"

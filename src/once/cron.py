@@ -1,9 +1,8 @@
 """Cron schedules: a period runs from one fire time of a five-field cron expression to the
 next, the fire times computed from the zone's offsets (the rules: once.periods' docstring,
 "Cron"). The cron part of the period engine, and as pure (no I/O): it imports the standard
-library, once.periods and, when it parses an expression, cronsim. once.periods.cron() and
-schedule() import it when they build a cron schedule, so that `--every` schedules load
-neither it nor cronsim.
+library, once.periods and, when it parses an expression, cronsim. once.schedules imports it
+when it builds a cron schedule, so that `--every` schedules load neither it nor cronsim.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A schedule cuts time into half-open periods [start, end) that tile the time line along the
 wall clock of an IANA time zone. Pure (no I/O, no database, the standard library at import
-time): it runs on every cron fire. Cron schedules live in once.cron, imported (with cronsim)
-when one is built.
+time): it runs on every cron fire. It holds the `--every` schedules and what every schedule
+shares; cron schedules build on it in once.cron, and once.schedules picks one of the two.
 
 The rules, and the choices daylight saving time forces (a midnight or an hour skipped or
 repeated, a date a zone skips, a period keyed by its actual local start, cron fire times as
@@ -413,24 +413,6 @@ def every(spec: str, tz: str) -> Schedule:
     if unit.kind == CALENDAR:
         return _Calendar(spec, tz, unit)
     return _Clock(spec, tz, unit)
-
-
-def cron(expr: str, tz: str) -> Schedule:
-    """The schedule of `--cron EXPR`."""
-    from once.cron import CronSchedule  # here: `--every` schedules never load it
-
-    return CronSchedule(expr, tz)
-
-
-def schedule(every_spec: str | None, cron_expr: str | None, tz: str) -> Schedule:
-    """The schedule of exactly one of --every and --cron."""
-    if every_spec is not None and cron_expr is not None:
-        raise SpecError("use --every or --cron, not both")
-    if every_spec is not None:
-        return every(every_spec, tz)
-    if cron_expr is not None:
-        return cron(cron_expr, tz)
-    raise SpecError("use --every SPEC or --cron EXPR")
 
 
 _DURATION = re.compile(r"([0-9]+)|(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")

@@ -1,13 +1,14 @@
 """What the ledger's columns hold, read the same way by the commands, the gap finder and the
 reports: a row's key (once_runs.period: the period's key, or `KEY#i` for shard i of a job run
 in shards, 0 to N-1) and a job's schedule (once_jobs.kind, schedule and tz). On the hot path:
-imports only once.limits and once.periods.
+imports only once.limits, once.periods and once.schedules.
 """
 
 from __future__ import annotations
 
 from once.limits import InputError
-from once.periods import Schedule, schedule
+from once.periods import Schedule
+from once.schedules import schedule
 
 
 def job_schedule(kind: str, spec: str, tz: str) -> Schedule:

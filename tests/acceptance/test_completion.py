@@ -126,7 +126,8 @@ def test_every_completes_period_specs(name: str, ledger_env: dict[str, str]) -> 
 
 def test_every_offered_spec_and_zone_is_accepted() -> None:
     from once.cli.complete import zone_names
-    from once.periods import every_specs, schedule
+    from once.periods import every_specs
+    from once.schedules import schedule
 
     for spec in every_specs(every_spelling=True):
         schedule(spec, None, "UTC")

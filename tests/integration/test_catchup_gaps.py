@@ -13,8 +13,9 @@ import pytest
 from helpers import run_either, wait_for
 from ledger_sql import query
 from once.ledger import Job, open_ledger, parse_url, schema
-from once.periods import Period, schedule
+from once.periods import Period
 from once.run import flow
+from once.schedules import schedule
 from once.stored import shard_keys
 from procs import alive, parent, pids, start_once
 

@@ -22,7 +22,8 @@ import pytest
 from helpers import ONCE, run_either
 from ledger_sql import db_time, placeholders, query
 from once.ledger import parse_url
-from once.periods import Period, schedule
+from once.periods import Period
+from once.schedules import schedule
 
 pytestmark = pytest.mark.usefixtures("ledger_url")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from once.ledger.rows import RunRow
-from once.periods import schedule
 from once.report import JobState
+from once.schedules import schedule
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)  # today's period, 2026-12-01, is not due
 SCHED = schedule("day", None, "UTC")

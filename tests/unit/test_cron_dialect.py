@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from once.periods import SpecError, schedule
+from once.periods import SpecError
+from once.schedules import schedule
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "periods.md"
 START = datetime(2026, 6, 1, 0, 0, 30, tzinfo=UTC)

@@ -11,7 +11,8 @@ import pytest
 
 from once import gaps, outcomes
 from once.ledger.records import beaten
-from once.periods import Period, Schedule, schedule
+from once.periods import Period, Schedule
+from once.schedules import schedule
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

@@ -91,11 +91,12 @@ def test_the_graph_is_read() -> None:
     assert any(i.module == "sqlalchemy" for i in imports("once.ledger.schema"))
 
 
-@pytest.mark.parametrize("module", ["once.periods", "once.units", "once.cron"])
+@pytest.mark.parametrize("module", ["once.periods", "once.units", "once.cron", "once.schedules"])
 def test_time_is_pure(module: str) -> None:
-    # Periods, units and cron: the stdlib, zoneinfo, cronsim, the input limits and the records'
-    # base, nothing of once that knows a database, a process or a terminal.
-    allowed = {"once.periods", "once.units", "once.cron", "once.limits", "once.frozen"}
+    # Periods, units, cron and schedules: the stdlib, zoneinfo, cronsim, the input limits and
+    # the records' base, nothing of once that knows a database, a process or a terminal.
+    allowed = {"once.periods", "once.units", "once.cron", "once.schedules", "once.limits",
+               "once.frozen"}
     assert _once_imports(module) <= allowed
     third_party = {i.module.split(".")[0] for i in imports(module)} - {"once"}
     assert not third_party & {"sqlalchemy", "rich", "click", *DRIVERS}
@@ -126,7 +127,7 @@ def test_sql_lives_in_the_ledger(module: str) -> None:
 
 
 BELOW_THE_LEDGER = {"once.gaps", "once.stored", "once.periods", "once.units", "once.cron",
-                    *LEAVES}
+                    "once.schedules", *LEAVES}
 
 
 @pytest.mark.parametrize("module", sorted(m for m in modules() if _in(m, "once.ledger")))
@@ -139,7 +140,7 @@ def test_the_ledger_imports_no_part_above_it(module: str) -> None:
 @pytest.mark.parametrize("module", ["once.gaps", "once.stored"])
 def test_row_meaning_needs_only_time(module: str) -> None:
     assert _once_imports(module) <= {"once.gaps", "once.stored", "once.periods", "once.units",
-                                     *LEAVES}
+                                     "once.schedules", *LEAVES}
 
 
 @pytest.mark.parametrize("module", ["once.cli", "once.cli.commands", "once.cli.complete"])
@@ -153,7 +154,7 @@ def test_the_cli_holds_no_sql(module: str) -> None:
 HOT = ("once.cli", "once.cli.main", "once.api", "once.run.flow", "once.run.wrapper",
        "once.run.machine", "once.run.guard", "once.run.lease", "once.run.relay", "once.run.child",
        "once.run.attempt", "once.run.notify", "once.messages", "once.periods", "once.units",
-       "once.gaps",
+       "once.schedules", "once.stored", "once.gaps",
        "once.ledger", "once.ledger.base", "once.ledger.url", "once.ledger.records",
        "once.ledger.dialects", "once.ledger.errors", "once.ledger.sqlite",
        "once.ledger.postgres", "once.ledger.pg_claim", "once.ledger.mysql",
@@ -190,7 +191,7 @@ LAYERS = (
     ("once.run",),
     ("once.ledger",),
     ("once.gaps", "once.stored"),
-    ("once.periods", "once.units", "once.cron"),
+    ("once.schedules", "once.periods", "once.units", "once.cron"),
     tuple(sorted(LEAVES)),
 )
 # Inside once.run: run and catch-up compose the parts that start and watch one command.
@@ -234,4 +235,5 @@ def test_every_module_sits_in_a_package_of_its_layer() -> None:
     top = {m for m in modules() if m.count(".") == 1 and not m.startswith("once._")}
     assert top - {"once.__main__"} <= {
         "once.cli", "once.report", "once.serve", "once.api", "once.run", "once.ledger",
-        "once.gaps", "once.stored", "once.periods", "once.units", "once.cron", *LEAVES}
+        "once.gaps", "once.stored", "once.periods", "once.units", "once.cron", "once.schedules",
+        *LEAVES}

@@ -22,7 +22,7 @@ from cronsim import CronSim
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from once import periods
+from once import schedules
 from once.periods import Schedule, iso
 from period_table import LH, check_containing, in_child
 
@@ -110,7 +110,7 @@ CRON_DST = [
 )
 def test_containing(n: int, expr: str, tz: str, instant: str, key: str, start: str,
                     end: str) -> None:
-    schedule = periods.cron(expr, tz)
+    schedule = schedules.cron(expr, tz)
     period = check_containing(schedule, n, instant, key, start, end)
     assert schedule.previous(schedule.next(period)) == period, f"case {n}"
     assert fire_times(schedule, period.start, utc(period.end) + TICK) == [
@@ -121,9 +121,9 @@ def test_the_expressions_cronsim_hangs_on_are_answered_at_once() -> None:
     """In a child with a time limit, so that a hang fails the test instead of the suite."""
     script = (
         "from datetime import datetime\n"
-        "from once import periods\n"
+        "from once import schedules\n"
         f"for n, expr, tz, instant, *_ in {[c[:4] for c in CRON_DST]!r}:\n"
-        "    periods.cron(expr, tz).containing(datetime.fromisoformat(instant))\n"
+        "    schedules.cron(expr, tz).containing(datetime.fromisoformat(instant))\n"
     )
     in_child(script)
 
@@ -206,7 +206,7 @@ def test_cron_periods_tile_and_match_the_reference(zone: str, expr: str,
     else:
         instant = data.draw(st.datetimes(datetime(1973, 1, 1), datetime(2037, 1, 1),
                                          timezones=st.just(UTC)))
-    schedule = periods.cron(expr, zone)
+    schedule = schedules.cron(expr, zone)
     period = schedule.containing(instant)
     assert utc(period.start) <= instant < utc(period.end)
     run = [period]
@@ -225,7 +225,7 @@ def test_cron_periods_tile_and_match_the_reference(zone: str, expr: str,
 
 def test_a_schedule_that_fires_rarely_is_found_within_bounded_work() -> None:
     """February 29th: leap years only; the engine looks at most 50 years either way."""
-    schedule = periods.cron("0 0 29 2 *", "UTC")
+    schedule = schedules.cron("0 0 29 2 *", "UTC")
     period = schedule.containing(datetime(2097, 3, 1, tzinfo=UTC))
     assert (iso(period.start), iso(period.end)) == (
         "2096-02-29T00:00:00+00:00", "2104-02-29T00:00:00+00:00")

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from once import periods
+from once import periods, schedules
 from once.periods import Period, Schedule
 
 ZONES = sorted(zoneinfo.available_timezones())
@@ -64,7 +64,7 @@ def unit_of(spec: str) -> timedelta:
 def cases(draw: st.DrawFn, specs: list[str]) -> tuple[Schedule, datetime]:
     zone = draw(st.sampled_from(ZONES))
     spec = draw(st.sampled_from(specs))
-    schedule = periods.cron(spec, zone) if " " in spec else periods.every(spec, zone)
+    schedule = schedules.cron(spec, zone) if " " in spec else periods.every(spec, zone)
     year = draw(st.integers(1990, 2037))
     changes = offset_changes(zone, year)
     if changes and draw(st.booleans()):
@@ -197,9 +197,9 @@ def test_instants_before_1990_do_not_crash() -> None:
 def test_utc_without_zoneinfo_cuts_the_same_periods(instant: datetime, spec: str) -> None:
     # zone("UTC") is datetime.UTC (no zoneinfo import on a UTC fire): the same periods, keys
     # and instants as the zone file's UTC.
-    fast = periods.schedule(None, spec, "UTC") if " " in spec else periods.every(spec, "UTC")
+    fast = schedules.schedule(None, spec, "UTC") if " " in spec else periods.every(spec, "UTC")
     assert fast.tz is UTC
-    slow = periods.schedule(None, spec, "UTC") if " " in spec else periods.every(spec, "UTC")
+    slow = schedules.schedule(None, spec, "UTC") if " " in spec else periods.every(spec, "UTC")
     slow.tz = zoneinfo.ZoneInfo("UTC")  # as zone("UTC") was, before anything is computed
     got, want = fast.containing(instant), slow.containing(instant)
     assert got == want and got.key == want.key

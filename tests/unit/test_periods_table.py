@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from once import periods
+from once import periods, schedules
 from once.periods import Period, Schedule, SpecError, iso
 from period_table import LH, at, check_containing, in_child, shown
 
@@ -20,7 +20,7 @@ NY = "America/New_York"
 
 def make(spec: str, tz: str) -> Schedule:
     """A cron schedule when the spec has spaces, else an --every one."""
-    return periods.cron(spec, tz) if " " in spec else periods.every(spec, tz)
+    return schedules.cron(spec, tz) if " " in spec else periods.every(spec, tz)
 
 
 # fmt: off
@@ -581,19 +581,19 @@ def test_a_schedule_says_what_its_periods_span() -> None:
     for spec in ("day", "week", "month", "quarter", "year"):
         schedule = periods.every(spec, "UTC")
         assert (schedule.minutes, schedule.calendar) == (0, spec), spec
-    cron = periods.cron("0 2 * * *", "UTC")
+    cron = schedules.cron("0 2 * * *", "UTC")
     assert (cron.minutes, cron.calendar) == (0, "")
 
 
 @pytest.mark.parametrize(("expr", "message"), BAD_CRON)
 def test_cron_rejects(expr: str, message: str) -> None:
     with pytest.raises(SpecError) as caught:
-        periods.cron(expr, "UTC")
+        schedules.cron(expr, "UTC")
     assert str(caught.value) == f"--cron {expr!r}: {message}"
 
 
 def test_cron_accepts_names_and_keeps_the_expression() -> None:
-    schedule = periods.cron("0 9 * * mon-fri", NY)
+    schedule = schedules.cron("0 9 * * mon-fri", NY)
     assert (schedule.kind, schedule.spec, schedule.tz_name) == ("cron", "0 9 * * mon-fri", NY)
     assert schedule.containing(at("2026-10-31T12:00-04:00")).key == "2026-10-30T09:00-04:00"
 
@@ -603,7 +603,7 @@ def test_unknown_zones(name: str, meant: str) -> None:
     attempts: list[Callable[[], object]] = [
         lambda: periods.zone(name),
         lambda: periods.every("day", name),
-        lambda: periods.cron("0 2 * * *", name),
+        lambda: schedules.cron("0 2 * * *", name),
     ]
     for attempt in attempts:
         with pytest.raises(SpecError) as caught:
@@ -613,25 +613,25 @@ def test_unknown_zones(name: str, meant: str) -> None:
 
 
 def test_zone_keeps_the_name_given() -> None:
-    schedule = periods.schedule("day", None, "Asia/Kathmandu")
+    schedule = schedules.schedule("day", None, "Asia/Kathmandu")
     assert schedule.tz == periods.zone("Asia/Kathmandu")
     assert schedule.tz_name == "Asia/Kathmandu"
 
 
 def test_schedule_needs_exactly_one_of_every_and_cron() -> None:
     with pytest.raises(SpecError, match=r"^use --every or --cron, not both$"):
-        periods.schedule("day", "0 2 * * *", "UTC")
+        schedules.schedule("day", "0 2 * * *", "UTC")
     with pytest.raises(SpecError, match=r"^use --every SPEC or --cron EXPR$"):
-        periods.schedule(None, None, "UTC")
-    assert periods.schedule("day", None, "UTC").kind == "every"
-    assert periods.schedule(None, "0 2 * * *", "UTC").kind == "cron"
+        schedules.schedule(None, None, "UTC")
+    assert schedules.schedule("day", None, "UTC").kind == "every"
+    assert schedules.schedule(None, "0 2 * * *", "UTC").kind == "cron"
     with pytest.raises(SpecError, match=r"^--every '': "):
-        periods.schedule("", None, "UTC")
+        schedules.schedule("", None, "UTC")
 
 
 def test_str_names_the_schedule() -> None:
     assert str(periods.every("15m", "Europe/Berlin")) == "every 15m, Europe/Berlin"
-    assert str(periods.cron("0 2 * * *", "UTC")) == "cron '0 2 * * *', UTC"
+    assert str(schedules.cron("0 2 * * *", "UTC")) == "cron '0 2 * * *', UTC"
 
 
 # -- iso --------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ import pytest
 
 from once import gaps, periods, report
 from once.ledger import parse_url, schema
-from once.periods import Period, schedule
+from once.periods import Period
+from once.schedules import schedule
 from once.stored import shard_keys
 
 ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "America/Havana",

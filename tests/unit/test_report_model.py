@@ -10,9 +10,9 @@ from zoneinfo import ZoneInfo
 import pytest
 from report_states import NOW, SCHED, day_job, row
 
-from once.periods import schedule
 from once.report import attempt_entry, last_line
 from once.report.model import default_last, period_state
+from once.schedules import schedule
 
 
 @pytest.mark.parametrize(("output", "line"), [

@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 from report_states import day_job, row
 
 from once.ledger.rows import RunRow
-from once.periods import schedule
 from once.report import JobState
 from once.report.check import CRITICAL, findings
 from once.report.metrics import exposition
 from once.report.render import status_objects
+from once.schedules import schedule
 
 DAY = 24 * 3600.0
 RUNNING_S = DAY + 3600  # a day and an hour: longer than its period

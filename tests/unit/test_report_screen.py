@@ -10,11 +10,11 @@ from datetime import UTC, datetime
 import pytest
 from report_states import NOW, day_job
 
-from once.periods import schedule
 from once.report import status_cells
 from once.report.check import CRITICAL, UNKNOWN, Finding
 from once.report.screen import INDENT, finding_lines
 from once.report.timeline import grid
+from once.schedules import schedule
 
 FAILED_OUT = Finding(CRITICAL, "weekly-report", "2026-W48", "failed-out",
                      "attempt 2 of 2, exit 1, no attempts left").line

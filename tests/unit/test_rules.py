@@ -99,8 +99,8 @@ def test_a_statement_takes_a_third_of_stale_after_from_one_to_ten_seconds(
 
 
 def test_the_job_a_claim_works_on_is_checked_once_for_the_cli_and_the_api() -> None:
-    from once.periods import schedule
     from once.run.flow import claiming_job
+    from once.schedules import schedule
 
     day = schedule("day", None, "UTC")
     job = claiming_job("j" * 54, "n" * 200, day, 0, 3, 300, shards=2)  # 255: the column's

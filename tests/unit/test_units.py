@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 import once
-from once import gaps, periods, units
+from once import gaps, periods, schedules, units
 from once.cli.complete import every_specs
 from once.cli.main import cli
 from once.ledger import parse_url
@@ -78,7 +78,7 @@ def test_the_registry_holds_every_kind_of_unit() -> None:
 
 def test_keys_round_trip_and_periods_tile(unit: Unit) -> None:
     for zone in ZONES:
-        sched = periods.schedule(unit.name, None, zone)
+        sched = schedules.schedule(unit.name, None, zone)
         assert sched.unit is unit and sched.kind == "every"
         period = sched.containing(AT)
         for _ in range(40):
@@ -94,7 +94,7 @@ def test_keys_round_trip_and_periods_tile(unit: Unit) -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_gaps_count_what_the_engine_walks(unit: Unit, seed: int) -> None:
     zone = ZONES[seed % len(ZONES)]
-    sched = periods.schedule(unit.name, None, zone)
+    sched = schedules.schedule(unit.name, None, zone)
     first = sched.containing(datetime(1994 + 8 * seed, 3, 1 + seed, tzinfo=UTC))
     last = sched.shifted(first, 30 + 17 * seed)
     walked = sum(1 for _ in sched.between(first, last))
@@ -112,7 +112,7 @@ def _job(sched: Schedule, name: str) -> JobState:
 
 
 def test_the_timeline_draws_the_record(unit: Unit) -> None:
-    sched = periods.schedule(unit.name, None, "Europe/Berlin")
+    sched = schedules.schedule(unit.name, None, "Europe/Berlin")
     s = _job(sched, f"every-{unit.name}")
     assert default_last(s) == unit.last
     cells: list[tuple[Period, str]] = []
@@ -147,7 +147,7 @@ def test_a_name_no_record_holds_is_refused_listing_the_calendar_units(
         registered: None) -> None:
     calendar = r"day, week, month, quarter, year, half or fortnight$"
     with pytest.raises(periods.SpecError, match=calendar):
-        periods.schedule("sennight", None, "UTC")
+        schedules.schedule("sennight", None, "UTC")
 
 
 def test_once_periods_lists_the_made_up_units(registered: None) -> None:
@@ -194,7 +194,7 @@ def _once(url: str, *args: str) -> tuple[int, str]:
 def _keys(seeded: Seeded, name: str) -> tuple[str, str, str]:
     """The keys of a job's done period, the first missing one after it and its failed one."""
     done, failed = seeded[f"every-{name}"]
-    missing = periods.schedule(name, None, "Europe/Berlin").next(done)
+    missing = schedules.schedule(name, None, "Europe/Berlin").next(done)
     assert missing != failed
     return done.key, missing.key, failed.key
 

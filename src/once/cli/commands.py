@@ -76,8 +76,8 @@ def catchup(job: str, every: str | None, cron: str | None, tz: str, db: str | No
     --shards are the ledger's (as its latest claim left them).
     """
     from once.periods import iso
-    from once.periods import schedule as make_schedule
     from once.run import flow
+    from once.schedules import schedule as make_schedule
 
     if not command and not dry_run:
         raise click.UsageError("no command given: once catchup ... -- COMMAND [ARG]...")
@@ -230,7 +230,7 @@ def periods(every: str | None, cron: str | None, tz: str, start: str, end: str,
             as_json: bool) -> None:
     """List the periods that overlap [--from, --to): one `KEY START END` a line."""
     from once.periods import iso
-    from once.periods import schedule as make_schedule
+    from once.schedules import schedule as make_schedule
 
     sched = make_schedule(every, cron, tz)
     first, last = sched.parse_instant(start), sched.parse_instant(end)
@@ -307,8 +307,8 @@ def seed_job(name: str, every: str | None, cron: str | None,
     period missing before the job's first fire could have run it (that fire's claim moves the
     start back to its own period)."""
     from once.ledger import Job
-    from once.periods import schedule as make_schedule
     from once.run import flow
+    from once.schedules import schedule as make_schedule
 
     sched = make_schedule(every, cron, tz)
     limits.schedule(sched.spec, sched.tz_name)

@@ -344,8 +344,8 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
     (--skipped-exit-code), 2 on a usage error, 70 when the claim was lost while the command
     ran, 75 when the ledger could not be reached, 124 on --timeout.
     """
-    from once.periods import schedule as make_schedule
     from once.run import flow
+    from once.schedules import schedule as make_schedule
 
     sched = make_schedule(every, cron, tz)
     the_job = flow.claiming_job(job, namespace, sched, lag, max_attempts, stale_after, shards,
