@@ -258,16 +258,22 @@ class GapFinder:
     """
 
     def __init__(self, sched: Schedule, shards: int, rows: Rows,
-                 open_rows: Sequence[tuple[datetime, str]], latest: datetime | None) -> None:
+                 open_rows: Sequence[tuple[datetime, str]], latest: datetime | None,
+                 counted: dict[tuple[datetime, datetime], int] | None = None) -> None:
         """open_rows: (start, key) of every running and failed row of the job; latest: the
-        start of its latest row of any status (no row starts after it)."""
+        start of its latest row of any status (no row starts after it); counted: the periods
+        that start in each stretch, as count_starts gave them, kept for the finders of one
+        schedule (the reports': thousands of stopped jobs of one schedule share their tail)."""
         self.sched, self.shards, self.rows = sched, shards, rows
         self.open = list(open_rows)
         self.open_starts = sorted(start for start, _ in self.open)
         self.latest = latest
+        self.counted = {} if counted is None else counted
 
     def expected(self, a: datetime, b: datetime) -> int:
-        return (count_starts(self.sched, a, b) or 0) * self.shards
+        if (n := self.counted.get((a, b))) is None:
+            n = self.counted[a, b] = count_starts(self.sched, a, b) or 0
+        return n * self.shards
 
     def deficit(self, lo: datetime, hi: datetime) -> int:
         """How many units in [lo, hi) have no row (an `every` job's): one statement."""
@@ -285,18 +291,30 @@ class GapFinder:
         deficit = self.deficit(lo, hi) if missing is None else missing
         if deficit <= 0:
             return
-        tail = None
-        if self.latest is not None and lo <= self.latest < hi:
-            tail_start = utc_instant(self.sched.containing(self.latest).end)
-            if tail_start < hi:
-                tail = (tail_start, hi)
-                deficit -= self.expected(tail_start, hi)
-                hi = tail_start
+        tail = self._tail(lo, hi)
+        if tail:
+            deficit -= self.expected(*tail)
+            hi = tail[0]
         if backwards and tail:
             yield from self._all(*tail, backwards)
         yield from self._search(lo, hi, deficit, backwards)
         if not backwards and tail:
             yield from self._all(*tail, backwards)
+
+    def searched(self, lo: datetime, hi: datetime, missing: int) -> int:
+        """How many of the `missing` units in [lo, hi) (an `every` job's) units() looks for
+        by counting stretches: those before the stretch after the job's latest row, which
+        is missing whole and known without a read (a job that stopped: none)."""
+        tail = self._tail(lo, hi)
+        return missing - (self.expected(*tail) if tail else 0)
+
+    def _tail(self, lo: datetime, hi: datetime) -> tuple[datetime, datetime] | None:
+        """The stretch of [lo, hi) after the period of the job's latest row, if any."""
+        if self.latest is not None and lo <= self.latest < hi:
+            tail_start = utc_instant(self.sched.containing(self.latest).end)
+            if tail_start < hi:
+                return tail_start, hi
+        return None
 
     # -- every: by counting
 

@@ -17,7 +17,9 @@ from child_log import stable_day
 from helpers import run_either, wait_for
 from ledger_sql import query, scalar
 from once.ledger import parse_url
+from once.ledger.fleet import UNUSUAL_TALLY
 from once.ledger.pg_claim import stored_claim
+from once.ledger.rows import UNUSUAL_ATTEMPT
 from once.ledger.schema import BEFORE_5, SCHEMA_VERSION
 from procs import start_once
 
@@ -83,15 +85,15 @@ def test_a_newer_ledger_is_refused(once_env: dict[str, str], ledger_url: str) ->
     assert "newer than this once knows" in result.stderr
 
 
-def _indexes(url: str) -> set[str]:
+def _indexes(url: str, table: str = "once_runs") -> set[str]:
     if url.startswith("sqlite"):
-        sql = "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'once_runs'"
+        sql = f"SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = '{table}'"
     elif url.startswith("postgres"):
-        sql = "SELECT indexname FROM pg_indexes WHERE tablename = 'once_runs'" \
+        sql = f"SELECT indexname FROM pg_indexes WHERE tablename = '{table}'" \
               " AND schemaname = current_schema()"
     else:
         sql = "SELECT DISTINCT index_name FROM information_schema.statistics" \
-              " WHERE table_name = 'once_runs' AND table_schema = DATABASE()"
+              f" WHERE table_name = '{table}' AND table_schema = DATABASE()"
     return {row[0] for row in query(url, sql)}
 
 
@@ -113,6 +115,34 @@ def test_the_done_rows_index_is_postgresqls_and_once_schema_adds_it(
     assert _stored_claims(ledger_url) == [(stored_claim().name,)]  # nor does `once schema`
     sql = run_either("schema", "--sql", env=once_env).stdout
     assert "once_runs_done_start ON once_runs (job, period_start) WHERE status = 'done'" in sql
+
+
+def test_the_unusual_attempts_index_is_sqlites_and_postgresqls_and_once_schema_adds_it(
+        once_env: dict[str, str], ledger_url: str) -> None:
+    # once metrics counts each job's attempts in indexes and reads those that are not plain
+    # through once_attempts_unusual (a partial index: SQLite and PostgreSQL; MySQL has none).
+    # A ledger made before it gets it from `once schema`; the read goes through it.
+    assert run_either("run", "--job", "j", "--every", "day", "--", "true",
+                    env=once_env).returncode == 0
+    partial = parse_url(ledger_url).dialect in ("sqlite", "postgresql")
+    assert ("once_attempts_unusual" in _indexes(ledger_url, "once_attempts")) is partial
+    if not partial:
+        return
+    query(ledger_url, "DROP INDEX once_attempts_unusual")
+    assert run_either("schema", env=once_env).returncode == 0
+    assert "once_attempts_unusual" in _indexes(ledger_url, "once_attempts")
+    sql = run_either("schema", "--sql", env=once_env).stdout
+    assert (f"once_attempts_unusual ON once_attempts (job) WHERE {UNUSUAL_ATTEMPT}") in sql
+    tally = UNUSUAL_TALLY.format(names="'j'")
+    if ledger_url.startswith("sqlite"):
+        plan = " ".join(str(row) for row in query(ledger_url, f"EXPLAIN QUERY PLAN {tally}"))
+    else:  # on a small table PostgreSQL reads it whole, unless told not to
+        import psycopg
+
+        with psycopg.connect(parse_url(ledger_url).connect_args["conninfo"]) as conn:
+            conn.execute("SET enable_seqscan = off")
+            plan = " ".join(str(row) for row in conn.execute(f"EXPLAIN {tally}"))
+    assert "once_attempts_unusual" in plan, plan
 
 
 def _stored_claims(url: str) -> list[tuple[str]]:

@@ -24,6 +24,7 @@ def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
 
     monkeypatch.setattr(serve_data, "ping", surprise)
     monkeypatch.setattr(serve_data, "read_fleet", surprise)
+    monkeypatch.setattr(serve_data, "read_metrics", surprise)
     settings = ServeOptions(parse_url(f"sqlite:///{tmp_path}/ledger.db"), None, 0, 2.0, None)
     with in_process(settings) as httpd:
         yield httpd

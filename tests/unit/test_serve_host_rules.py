@@ -129,7 +129,7 @@ def counted(tmp_path: Path,
             monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Server, list[str]]]:
     """A server whose every ledger read is replaced with one that notes its name and fails."""
     reads: list[str] = []
-    for name in ("ping", "read_fleet", "read_job", "read_output"):
+    for name in ("ping", "read_fleet", "read_metrics", "read_job", "read_output"):
         def noted(*_args: object, _name: str = name, **_kwargs: object) -> None:
             reads.append(_name)
             raise RuntimeError("read")

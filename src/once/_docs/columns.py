@@ -137,3 +137,12 @@ COLUMNS = {
         "seen_at": "When it last said it waits (the database's clock).",
     },
 }
+
+# What a partial index holds, and where it is made (an index without words here is made
+# everywhere, of every row).
+PARTIAL_INDEXES = {
+    "once_runs_done_start": "PostgreSQL only, of the done rows",
+    "once_attempts_unusual": "SQLite and PostgreSQL only, of the attempts that are not plain "
+    "(failed, running, a retry, a rerun, interrupted, or `once state --set`'s): `once "
+    "metrics` counts the others in indexes",
+}

@@ -219,8 +219,9 @@ def tables_page() -> str:
         if indexes:
             out += ["Indexes: " + "; ".join(
                 f"`{i.name}` ({', '.join(c.name for c in i.columns)})"
-                + (", PostgreSQL only, of the done rows" if i.dialect_options["postgresql"]
-                   .get("where") is not None else "") for i in indexes) + ".", ""]
+                + (f", {md(columns.PARTIAL_INDEXES[str(i.name)])}"
+                   if i.dialect_options["postgresql"].get("where") is not None else "")
+                for i in indexes) + ".", ""]
     out += ["## The stored claim (PostgreSQL)", "", STORED_CLAIM, ""]
     return "\n".join(out).rstrip("\n") + "\n"
 

@@ -1,13 +1,13 @@
 """What the survey reads across jobs, in plain SQL on the driver's own connection: what `once
-status`, `once check` and `once serve` read (jobs, due counts, open rows, latest done rows,
-failures' last lines, timelines, and through once.ledger.gap_rows' LedgerRows the gap
-finder's counts), without SQLAlchemy, whose import alone would cost these commands most of
-their time.
+status`, `once check`, `once metrics` and `once serve` read (jobs, due counts, open rows,
+latest done rows, failures' last lines, timelines, the attempts' counts, and through
+once.ledger.gap_rows' LedgerRows the gap finder's counts), without SQLAlchemy, whose import
+alone would cost these commands most of their time.
 
 `Snapshot.open` is one read-only, consistent snapshot on a connection of its own (SQLite: a
 connection that cannot write; PostgreSQL and MySQL: REPEATABLE READ, READ ONLY);
 `Snapshot.over` reads through a SQLAlchemy connection's driver connection, inside the
-transaction its caller opened (once serve, once metrics). Each method sends one named
+transaction its caller opened (once serve). Each method sends one named
 statement (a few for long name lists) and hands back once.ledger.rows' records (or plain
 tuples), times as aware UTC datetimes.
 
@@ -35,6 +35,8 @@ from once.ledger.rows import (
     JOB_COLUMNS,
     LAST_LINE_SCAN,
     RUN_COLUMNS,
+    STATE_PERIOD,
+    UNUSUAL_ATTEMPT,
     JobRow,
     RunRow,
     TimelineRow,
@@ -65,11 +67,33 @@ DONE_COUNT = ("SELECT {i}, count(*) FROM once_runs WHERE job = %(j{i})s AND stat
               "AND period_start >= %(a{i})s AND period_start < %(b{i})s")
 OPEN_ROWS = (f"SELECT {_RUN_COLUMNS} FROM once_runs WHERE job IN ({{names}}) "
              f"AND status IN ('running', 'failed') ORDER BY job, period_start")
-# Each job's latest done row: one index seek per job (once_runs_job_status_start).
+# Each job's latest done row: one index seek per job (once_runs_job_status_start). Several
+# done rows at that start (a sharded period's) come in key order: the caller keeps the last.
 LAST_DONE = (f"SELECT {', '.join('r.' + c for c in RUN_COLUMNS)} FROM once_jobs j "
              f"JOIN once_runs r ON r.job = j.job AND r.status = 'done' AND r.period_start = "
              f"(SELECT max(l.period_start) FROM once_runs l "
-             f"WHERE l.job = j.job AND l.status = 'done') WHERE j.job IN ({{names}})")
+             f"WHERE l.job = j.job AND l.status = 'done') WHERE j.job IN ({{names}}) "
+             f"ORDER BY r.job, r.period")
+# `once metrics`' counts of each job's attempts (not `once state --set`'s records), by status:
+# (job, status, attempts, later ones that were no rerun, reruns, interrupted ones).
+_TALLY = ("SELECT job, status, count(*), "
+          "sum(CASE WHEN attempt > 1 AND reason IS NULL THEN 1 ELSE 0 END), "
+          "sum(CASE WHEN reason IS NOT NULL THEN 1 ELSE 0 END), "
+          "sum(CASE WHEN outcome = 'interrupted' THEN 1 ELSE 0 END) "
+          f"FROM once_attempts WHERE job IN ({{names}}) AND period <> '{STATE_PERIOD}'")
+ATTEMPT_TALLY = f"{_TALLY} GROUP BY job, status"
+# The same from two reads that touch no plain attempt's row (SQLite, PostgreSQL): each job's
+# attempts counted in indexes (all of them in once_attempts_job_started, less `once state
+# --set`'s records, a range of the primary key), and the others, read through the partial
+# index once_attempts_unusual. A plain attempt (done, the first, no rerun, not interrupted)
+# adds one to `done` and nothing else: done = the attempts - the others + the others done.
+# One count per job, as DONE_COUNTS: PostgreSQL read a GROUP BY of the IN list whole.
+_TOTALS = ("(SELECT count(*) FROM once_attempts a WHERE a.job = {n}) - (SELECT count(*) "
+           f"FROM once_attempts s WHERE s.job = {{n}} AND s.period = '{STATE_PERIOD}')")
+ATTEMPT_TOTALS = {
+    "sqlite": f"SELECT n.value, {_TOTALS.format(n='n.value')} FROM json_each(%(names)s) n",
+    "postgresql": f"SELECT n, {_TOTALS.format(n='n')} FROM unnest(%(names)s::text[]) n"}
+UNUSUAL_TALLY = f"{_TALLY} AND ({UNUSUAL_ATTEMPT}) GROUP BY job, status"
 FAILURE_ENDS = ("SELECT job, period, attempt, {end} FROM once_attempts WHERE {match}")
 TIMELINE = ("SELECT period, status, heartbeat_at, stale_after FROM once_runs "
             "WHERE job = %(job)s AND period_start >= %(lo)s AND period_start < %(hi)s")
@@ -224,18 +248,29 @@ class Snapshot:
         """The running and failed rows of the jobs, by job and period start (SQLite and
         PostgreSQL: in one statement, the names as one JSON list or array; a fleet's 10,000
         names in 20 IN lists cost SQLite 0.1 s)."""
-        if self.dialect in NAME_LIST and names:
-            listed: str | list[str] = (_json(list(names)) if self.dialect == "sqlite"
-                                       else list(names))
-            return self._runs(OPEN_ROWS.format(names=NAME_LIST[self.dialect]),
-                              {"names": listed})
-        return [row for chunk in chunks(names, NAMES)
-                for row in self._runs(OPEN_ROWS.format(names=_marks(len(chunk))), _named(chunk))]
+        return [RunRow.read(row, self._from_db_time) for row in self._for_names(OPEN_ROWS, names)]
 
     def last_done_rows(self, names: Sequence[str]) -> list[RunRow]:
-        """Each job's latest done row, by period start."""
-        return [row for chunk in chunks(names, NAMES)
-                for row in self._runs(LAST_DONE.format(names=_marks(len(chunk))), _named(chunk))]
+        """Each job's latest done row, by period start (of a sharded period's, the last in
+        key order; every one comes, the last of a job after the others)."""
+        return [RunRow.read(row, self._from_db_time) for row in self._for_names(LAST_DONE, names)]
+
+    def attempt_tallies(self, names: Sequence[str]) -> list[Row]:
+        """(job, status, attempts, later attempts that were no rerun, reruns, interrupted
+        attempts) of the jobs' attempts, by job and status, `once state --set`'s records left
+        out (they ran nothing). SQLite and PostgreSQL count the plain attempts in an index
+        and read the others alone (ATTEMPT_TOTALS); MySQL, without partial indexes, reads
+        every attempt's row."""
+        if self.dialect not in ATTEMPT_TOTALS:
+            return self._for_names(ATTEMPT_TALLY, names)
+        if not names:
+            return []
+        totals = {job: int(n) for job, n in self._read(ATTEMPT_TOTALS[self.dialect],
+                                                       {"names": self._names(names)})}
+        found = self._for_names(UNUSUAL_TALLY, names)
+        for job, _status, n, *_ in found:
+            totals[job] -= int(n)
+        return found + [(job, "done", n, 0, 0, 0) for job, n in totals.items() if n]
 
     def failure_output_ends(self, keys: Sequence[tuple[str, str, int]]) -> list[Row]:
         """(job, period, attempt, output_end) of these attempts: primary-key lookups."""
@@ -312,8 +347,17 @@ class Snapshot:
     def HEARTBEAT_AGE(self) -> str:  # named as the Ledger's class attribute
         return self.backend.ledger_class().HEARTBEAT_AGE
 
-    def _runs(self, sql: str, params: Params) -> list[RunRow]:
-        return [RunRow.read(row, self._from_db_time) for row in self._read(sql, params)]
+    def _for_names(self, sql: str, names: Sequence[str]) -> list[Row]:
+        """The rows of a statement whose `{names}` is an IN list of these names: one
+        statement (SQLite and PostgreSQL: the names as one JSON list or array), or one per
+        NAMES of them."""
+        if not names:
+            return []
+        if self.dialect in NAME_LIST:
+            return self._read(sql.format(names=NAME_LIST[self.dialect]),
+                              {"names": self._names(names)})
+        return [row for chunk in chunks(names, NAMES)
+                for row in self._read(sql.format(names=_marks(len(chunk))), _named(chunk))]
 
     def _read(self, sql: str, params: Params) -> list[Row]:
         try:
@@ -325,6 +369,10 @@ class Snapshot:
                 raise
             raise LedgerError(f"cannot read the ledger {self.target.redacted}: "
                               f"{describe(exc)}") from exc
+
+    def _names(self, names: Sequence[str]) -> str | list[str]:
+        """Names as one parameter: a JSON list (SQLite) or an array (PostgreSQL)."""
+        return _json(list(names)) if self.dialect == "sqlite" else list(names)
 
     def _time(self, instant: datetime) -> datetime | str:
         return self.backend.bind(instant)

@@ -1,7 +1,7 @@
 """What the reports read of the attempts, by name: one job's schedule, attempts and the run
 rows that hold them (`once history JOB`, `once logs`, once serve's job and log pages), every
-job's latest attempts (`once history`) and their counts (`once metrics`), in SQLAlchemy Core
-over once.ledger.schema's tables. What the survey reads across jobs is once.ledger.fleet's.
+job's latest attempts (`once history`), in SQLAlchemy Core over once.ledger.schema's tables.
+What the survey reads across jobs is once.ledger.fleet's (`once metrics`' counts too).
 
 Callers pass a connection and plain values and get rows or values back; they never build a
 statement (as procrastinate's named queries). Job and run rows are once.ledger.rows' records;
@@ -18,8 +18,6 @@ from sqlalchemy import (
     ColumnClause,
     ColumnElement,
     Connection,
-    and_,
-    case,
     func,
     literal_column,
     select,
@@ -42,8 +40,6 @@ from once.ledger.url import Target
 
 if TYPE_CHECKING:
     from sqlalchemy import Row
-
-    from once.ledger import dbapi
 
 runs, attempts, jobs = tables.runs, tables.attempts, tables.jobs
 # An attempt as its reads return it: once_attempts' columns by name, and output_end.
@@ -149,23 +145,3 @@ def _attempts_of(job: str, runs_only: bool) -> tuple[ColumnElement[bool], ...]:
     if runs_only:
         return attempts.c.job == job, attempts.c.period != STATE_PERIOD
     return (attempts.c.job == job,)
-
-
-def attempt_counts(conn: Connection, names: Sequence[str]) -> Iterator[dbapi.Row]:
-    """(job, status, attempts, later attempts that were no rerun, reruns, interrupted
-    attempts) of the jobs' attempts, by job and status (not `once state --set` records: they
-    ran nothing)."""
-    later = func.sum(case((and_(attempts.c.attempt > 1, attempts.c.reason.is_(None)), 1),
-                          else_=0))
-    reruns = func.sum(case((attempts.c.reason.is_not(None), 1), else_=0))
-    interrupted = func.sum(case((attempts.c.outcome == "interrupted", 1), else_=0))
-    for chunk in chunks(names, 500):
-        query = (select(attempts.c.job, attempts.c.status, func.count(), later, reruns,
-                        interrupted)
-                 .where(*_in_attempts(chunk))
-                 .group_by(attempts.c.job, attempts.c.status))
-        yield from (tuple(row) for row in conn.execute(query))
-
-
-def _in_attempts(names: Sequence[str]) -> tuple[ColumnElement[bool], ...]:
-    return attempts.c.job.in_(names), attempts.c.period != STATE_PERIOD

@@ -15,6 +15,12 @@ from typing import Any, NamedTuple, TypeVar
 
 STATE_PERIOD = "(state)"  # the attempts' rows of `once state --set`: no attempt ran
 LAST_LINE_SCAN = 2000  # how much of the end of a stored output is read to find its last line
+# An attempt that is not plain: not `once state --set`'s record, and not done at its first
+# try, no rerun, not interrupted. The predicate of the partial index once_attempts_unusual
+# (SQLite, PostgreSQL: once.ledger.schema) and of the read that goes through it
+# (once.ledger.fleet's UNUSUAL_TALLY), the same text in both, as the planners want it.
+UNUSUAL_ATTEMPT = (f"period <> '{STATE_PERIOD}' AND (status <> 'done' OR attempt > 1 "
+                   f"OR reason IS NOT NULL OR outcome = 'interrupted')")
 
 # A time as a driver hands it back, read as an aware UTC datetime (a dialect's from_db,
 # once.ledger.from_db_time).

@@ -49,6 +49,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 from once.ledger import LedgerError, Target, create_private, describe
 from once.ledger.dialects import named, of
 from once.ledger.records import SCHEMA_VERSION as SCHEMA_VERSION  # its home, re-exported
+from once.ledger.rows import UNUSUAL_ATTEMPT
 
 # Times are UTC instants: timestamptz on PostgreSQL, DATETIME(6) (UTC by convention, written
 # with UTC_TIMESTAMP(6)) on MySQL/MariaDB, ISO text on SQLite (`0001-01-01 00:00:00.000000`).
@@ -115,7 +116,8 @@ runs = Table(
 Index("once_runs_done_start", runs.c.job, runs.c.period_start,
       postgresql_where=runs.c.status == "done").ddl_if(dialect="postgresql")
 # The same rule for ddl()'s own CREATE INDEX statements (ddl_if is create_all's).
-_ONLY_ON = {"once_runs_done_start": "postgresql"}
+_ONLY_ON = {"once_runs_done_start": ("postgresql",),
+            "once_attempts_unusual": ("sqlite", "postgresql")}
 
 attempts = Table(
     "once_attempts", metadata,
@@ -147,6 +149,14 @@ attempts = Table(
     Index("once_attempts_job_started", "job", "started_at"),
     **_INNODB,
 )
+# SQLite and PostgreSQL: the attempts that are not plain (UNUSUAL_ATTEMPT: failed, running,
+# retried, rerun, interrupted, `once state --set`'s), a few of the millions an old ledger
+# keeps, so that `once metrics` counts the plain ones in indexes and reads these alone
+# (once.ledger.fleet's attempt_tallies), not every attempt's row. MySQL has no partial
+# indexes. Optional for every read: `once schema` adds it to a ledger made before it.
+Index("once_attempts_unusual", attempts.c.job, sqlite_where=text(UNUSUAL_ATTEMPT),
+      postgresql_where=text(UNUSUAL_ATTEMPT)).ddl_if(
+    dialect=("sqlite", "postgresql"))  # type: ignore[arg-type]
 # once_attempts.claim_id of the attempts recorded before schema 5 (the upgrade's backfill).
 BEFORE_5 = "before-5"
 
@@ -232,7 +242,7 @@ def ddl(dialect: str) -> Iterator[str]:
     for table in metadata.sorted_tables:
         yield str(CreateTable(table, if_not_exists=True).compile(dialect=target)).strip()
         for index in sorted(table.indexes, key=lambda i: str(i.name)):
-            if _ONLY_ON.get(str(index.name), dialect) == dialect:
+            if dialect in _ONLY_ON.get(str(index.name), (dialect,)):
                 yield str(CreateIndex(index, if_not_exists=True).compile(dialect=target)).strip()
     if dialect == "postgresql":  # optional: the claim a catch-up calls (docs: tables)
         from once.ledger.pg_claim import stored_claim

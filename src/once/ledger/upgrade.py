@@ -125,7 +125,8 @@ def _remake_sqlite_attempts(conn: Connection) -> None:
     """once_attempts made again as declared (SQLite has no ALTER COLUMN), its rows copied,
     BEFORE_5 where they have no claim_id; in the upgrade's transaction."""
     present = {c["name"] for c in inspect(conn).get_columns("once_attempts")}
-    conn.execute(text("DROP INDEX IF EXISTS once_attempts_job_started"))
+    for index in sorted(str(i.name) for i in attempts.indexes):  # names are the schema's
+        conn.execute(text(f"DROP INDEX IF EXISTS {index}"))
     conn.execute(text("ALTER TABLE once_attempts RENAME TO once_attempts_before_5"))
     attempts.create(conn)
     kept = ", ".join(c.name for c in attempts.columns

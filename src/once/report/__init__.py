@@ -2,11 +2,11 @@
 check` and `once metrics`.
 
 Only the reports import SQLAlchemy and rich (`once run` never pays for them), and `once
-status` and `once check` not even these: they read the ledger through once.ledger.fleet's plain
-statements on the driver, the other reports through the named statements of
-once.ledger.history (they build none); each in one snapshot, and change nothing (except that
-a ledger whose schema is older than this once's is upgraded first, as the next `once run`
-would do; an absent ledger is reported empty, never created).
+status`, `once check` and `once metrics` not SQLAlchemy: they read the ledger through
+once.ledger.fleet's plain statements on the driver, the other reports through the named
+statements of once.ledger.history (they build none); each in one snapshot, and change nothing
+(except that a ledger whose schema is older than this once's is upgraded first, as the next
+`once run` would do; an absent ledger is reported empty, never created).
 
 What the reports call a job's periods, for a job with lag L and a check with --grace G:
 

@@ -1,6 +1,7 @@
-"""The attempts of a job (once_attempts) as the reports read them: `once history`'s entries,
-the once_runs rows that tell a live attempt from an abandoned one, and the counts `once
-metrics` exposes (through once.ledger.history, on a connection of once.report.snapshot).
+"""The attempts of a job (once_attempts) as the reports read them: `once history`'s entries
+and the once_runs rows that tell a live attempt from an abandoned one (through
+once.ledger.history, on a connection of once.report.snapshot), and the counts `once metrics`
+exposes (once.ledger.fleet, on the survey's snapshot).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from once.report.model import AttemptCounts, attempt_entry
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
+    from once.ledger.fleet import Snapshot
     from once.ledger.history import AttemptRow
 
 
@@ -84,13 +86,11 @@ def holders(conn: Connection, job: str, periods: set[str]) -> dict[str, RunRow]:
     return {row.period: row for row in history.run_rows(conn, job, list(periods))}
 
 
-def attempt_counts(conn: Connection, names: Sequence[str]) -> dict[str, AttemptCounts]:
-    """Per job, from once_attempts: attempts by status, takeovers, reruns, interruptions."""
-    from once.ledger import history  # SQLAlchemy: imported by the reports that need it
-
+def attempt_counts(snap: Snapshot, names: Sequence[str]) -> dict[str, AttemptCounts]:
+    """Per job, from once_attempts: attempts by status, takeovers, reruns, interruptions
+    (once.ledger.fleet's attempt_tallies, on the survey's snapshot)."""
     found: dict[str, AttemptCounts] = {n: AttemptCounts() for n in names}
-    for job, status_, n, n_later, n_reruns, n_interrupted in history.attempt_counts(conn,
-                                                                                   names):
+    for job, status_, n, n_later, n_reruns, n_interrupted in snap.attempt_tallies(names):
         counts = found[job]
         counts.by_status[status_] = counts.by_status.get(status_, 0) + int(n)
         counts.later += int(n_later or 0)

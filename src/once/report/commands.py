@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from once.escape import shown
 from once.ledger import LedgerError, Target, describe, errors
@@ -19,7 +19,6 @@ from once.periods import Period
 from once.report.attempts import attempt_counts, attempt_entries, fleet_entries
 from once.report.check import CRITICAL, OK, UNKNOWN, Finding, findings, not_ready
 from once.report.leads import (
-    LeadFigures,
     lead_findings,
     lead_objects,
     lead_table,
@@ -40,11 +39,8 @@ from once.report.render import (
     write_line,
 )
 from once.report.snapshot import NoLedger, reading, surveying
-from once.report.survey import survey_jobs, timelines
+from once.report.survey import read_last_done, survey_jobs, timelines
 from once.secrets import scrub
-
-if TYPE_CHECKING:
-    from sqlalchemy import Connection
 
 Drawings = dict[str, list[tuple[Period, str]]]  # each job's timeline: (period, state)
 
@@ -270,19 +266,19 @@ def fleet_history(target: Target, namespace: str | None, limit: int, as_json: bo
 def metrics(target: Target, namespace: str | None) -> int:
     """`once metrics`: Prometheus text exposition format, for the textfile collector."""
     try:
-        with reading(target) as conn:
-            snap = Snapshot.over(conn, target)
-            states, _ = survey_jobs(snap, None, namespace)
-            counts = attempt_counts(conn, [s.name for s in states])
-            text = exposition(states, counts, read_figures(snap, namespace))  # leads: last
+        with surveying(target) as snap:
+            text = metrics_text(snap, namespace)
     except NoLedger:
         text = exposition([], {})
     sys.stdout.write(scrub(text))
     return 0
 
 
-def metrics_text(conn: Connection, states: Sequence[JobState],
-                 leads: Sequence[LeadFigures] = ()) -> str:
-    """What `once metrics` prints for these jobs (their attempts are counted on conn) and
-    lead names."""
-    return exposition(states, attempt_counts(conn, [s.name for s in states]), leads)
+def metrics_text(snap: Snapshot, namespace: str | None) -> str:
+    """What `once metrics` prints (and once serve's /metrics): every job (of the namespace)
+    from its counts (survey_jobs without detail, and its latest done row), its attempts
+    counted, and the lead names (read last: it may end the snapshot)."""
+    states, _ = survey_jobs(snap, None, namespace, detail=False)
+    read_last_done(snap, [s for s in states if not s.detailed])
+    counts = attempt_counts(snap, [s.name for s in states])
+    return exposition(states, counts, read_figures(snap, namespace))

@@ -1,6 +1,6 @@
 """Reading one snapshot of the ledger: `surveying` for the survey of `once status` and
-`once check` (once.ledger.fleet, plain SQL on the driver: no SQLAlchemy), `reading` for the
-reports that read through once.ledger.history (SQLAlchemy: history, metrics' attempt counts),
+`once check` and `once metrics` (once.ledger.fleet, plain SQL on the driver: no SQLAlchemy),
+`reading` for the reports that read through once.ledger.history (SQLAlchemy: history, logs),
 each one read-only connection in one consistent transaction.
 
 An absent ledger (no SQLite file, no tables) is NoLedger, never created; a ledger whose schema

@@ -99,14 +99,26 @@ def complete(snap: Snapshot, states: Sequence[JobState]) -> None:
     if not todo:
         return
     _count_current(snap, todo)
-    by_name = {s.name: s for s in todo}
+    read_last_done(snap, todo)
+    _read_failure_lines(snap, todo)
+    counted: dict[int, dict[Any, int]] = {}  # count_starts by stretch, per schedule
+    finders = {s.name: found for s in todo
+               if (found := _finder(snap, s, counted.setdefault(id(s.sched), {}))) is not None}
+    read = _read_small_gapped(snap, todo, {name: f for name, (f, _) in finders.items()})
+    for state in todo:
+        if state.name in finders:
+            finder, rows = finders[state.name]
+            rows.known = read.get(state.name)
+            _locate_missing(state, finder)
+        state.detailed = True
+
+
+def read_last_done(snap: Snapshot, states: Sequence[JobState]) -> None:
+    """Each job's latest done row (of a sharded period's, the last in key order), in one
+    statement (SQLite, PostgreSQL): what `once metrics` needs beyond survey's counts."""
+    by_name = {s.name: s for s in states if s.sched is not None}
     for row in snap.last_done_rows(list(by_name)):
         by_name[row.job].last_done = row
-    _read_failure_lines(snap, todo)
-    read = _read_small_gapped(snap, todo)
-    for state in todo:
-        _locate_missing(snap, state, read.get(state.name))
-        state.detailed = True
 
 
 def _plan(row: JobRow, now: datetime, grace: float, plans: dict[Any, Any]) -> JobState:
@@ -231,35 +243,47 @@ def _count_missing(s: JobState) -> None:
     s.no_row = max(0, s.expected * s.shards - present)
 
 
-def _read_small_gapped(snap: Snapshot, states: Sequence[JobState]) -> dict[str, _Known]:
-    """The done rows' starts of the jobs with gaps of at most PREFETCH due units, all in one
-    statement: their gap searches count those instead of asking the ledger 5-10 times each
-    (a page of 100 such jobs made 600 round trips)."""
+def _finder(snap: Snapshot, s: JobState,
+            counted: dict[Any, int]) -> tuple[gaps.GapFinder, _Rows] | None:
+    """The gap finder of a job whose missing periods are to be listed (a cron job's to be
+    counted too), and the rows it reads; None when there are none: the common, cheap case."""
+    if s.counted_end is None or s.first is None or s.sched is None:
+        return None
+    if s.expected is not None and not s.no_row:
+        return None
+    starts = [r.period_start for r in s.open_rows]
+    if s.last_done is not None:
+        starts.append(s.last_done.period_start)
+    rows = _Rows(snap, s.name)
+    return gaps.GapFinder(s.sched, s.shards, rows,
+                          [(r.period_start, r.period) for r in s.open_rows],
+                          max(starts, default=None), counted), rows
+
+
+def _read_small_gapped(snap: Snapshot, states: Sequence[JobState],
+                       finders: dict[str, gaps.GapFinder]) -> dict[str, _Known]:
+    """The done rows' starts of the jobs with gaps of at most PREFETCH due units that their
+    gap searches count (not those whose every gap comes after their latest row: a job that
+    stopped), all in one statement: their searches count those instead of asking the ledger
+    5-10 times each (a page of 100 such jobs made 600 round trips)."""
     ranges = []
     for s in states:
-        end = s.counted_end
-        if (s.expected is not None and s.no_row and s.first is not None and end is not None
-                and s.expected * s.shards <= PREFETCH):
+        end, finder = s.counted_end, finders.get(s.name)
+        if (finder is not None and s.expected is not None and s.first is not None
+                and end is not None and s.expected * s.shards <= PREFETCH
+                and finder.searched(utc_instant(s.first.start), end, s.no_row) > 0):
             ranges.append((s.name, utc_instant(s.first.start), end))
     return {name: (lo, hi, starts) for (name, lo, hi), starts
             in zip(ranges, snap.done_starts(ranges), strict=True)}
 
 
-def _locate_missing(snap: Snapshot, s: JobState, known: _Known | None = None) -> None:
+def _locate_missing(s: JobState, finder: gaps.GapFinder) -> None:
     """List the first few due periods (with --shards: shards) that have no row and the last
     one (once.gaps.GapFinder, as catch-up finds them); a cron job's are counted here too."""
-    end = s.counted_end
-    if end is None or s.first is None or s.sched is None:
+    end, first = s.counted_end, s.first
+    if end is None or first is None:
         return
-    if s.expected is not None and not s.no_row:
-        return  # every due period has its rows: the common, cheap case
-    lo, hi = utc_instant(s.first.start), end
-    starts = [r.period_start for r in s.open_rows]
-    if s.last_done is not None:
-        starts.append(s.last_done.period_start)
-    finder = gaps.GapFinder(s.sched, s.shards, _Rows(snap, s.name, known),
-                            [(r.period_start, r.period) for r in s.open_rows],
-                            max(starts, default=None))
+    lo, hi = utc_instant(first.start), end
     if s.expected is None:  # cron: no count; walk the gaps between the done rows
         _walk_missing(s, finder, lo, hi)
         return

@@ -39,13 +39,12 @@ STRIP = 30  # periods in each job's strip on the overview
 
 @dataclass
 class Fleet:
-    """Every job (of the namespace) at the database's now, for `/`, `/api/status`, `/metrics`."""
+    """Every job (of the namespace) at the database's now, for `/` and `/api/status`."""
 
     now: datetime
     states: list[report.JobState] = field(default_factory=list)
     strips: dict[str, list[tuple[Period, str]]] = field(default_factory=dict)
     shown: list[report.JobState] | None = None  # the jobs pick picked (None: no pick)
-    metrics: str = ""
     standby: Standby | None = None  # the ledger read is a standby's copy
     leads: list[Lead] = field(default_factory=list)  # the lead names (of the namespace)
 
@@ -75,7 +74,7 @@ Pick = Callable[[list[report.JobState]], list[report.JobState]]
 
 
 def read_fleet(target: Target, namespace: str | None, timeout: float,
-               strips: bool = True, metrics: bool = False, pick: Pick | None = None) -> Fleet:
+               strips: bool = True, pick: Pick | None = None) -> Fleet:
     """Every job's state; with strips, the timelines of those pick picks (every job's
     without it: a page of thousands of jobs shows a hundred)."""
     try:
@@ -93,16 +92,20 @@ def read_fleet(target: Target, namespace: str | None, timeout: float,
                 report.complete(snap, shown)
                 fleet.strips = report.timelines(snap, shown, STRIP)
             # The lead names last: their read may end the snapshot (once.report.leads).
-            if metrics:
-                counts = report.attempt_counts(conn, [s.name for s in states])
-                figures = report.read_figures(snap, namespace)
-                fleet.leads = [f.lead for f in figures]
-                fleet.metrics = report.exposition(states, counts, figures)
-            else:
-                fleet.leads = report.read_leads(snap, None, namespace)
+            fleet.leads = report.read_leads(snap, None, namespace)
             return fleet
     except NoLedger:
-        return Fleet(datetime.now(UTC), metrics=report.exposition([], {}))
+        return Fleet(datetime.now(UTC))
+
+
+def read_metrics(target: Target, namespace: str | None, timeout: float) -> str:
+    """`/metrics`: what `once metrics` prints (once.report.metrics_text: every job from its
+    counts, not read in full)."""
+    try:
+        with read_only(target, timeout) as conn:
+            return report.metrics_text(Snapshot.over(conn, target), namespace)
+    except NoLedger:
+        return report.exposition([], {})
 
 
 def read_leads(target: Target, namespace: str | None,

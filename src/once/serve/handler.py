@@ -196,7 +196,7 @@ class Handler(BaseHTTPRequestHandler):
         s = self.server.settings
         return self.server.reads.get((key, listing), lambda: serve_data.read_fleet(
             s.target, s.namespace, s.read_timeout, strips=key == "page",
-            metrics=key == "data", pick=listing.pick if listing is not None else None))
+            pick=listing.pick if listing is not None else None))
 
     def _overview(self, query: str) -> None:
         from once.serve import overview
@@ -211,12 +211,16 @@ class Handler(BaseHTTPRequestHandler):
                    overview.overview(fleet, self._ledger(), s.namespace, s.refresh, listing))
 
     def _metrics(self) -> None:
+        from once.serve import data as serve_data
+
+        s = self.server.settings
         try:
-            fleet = self._fleet("data")
+            text = self.server.reads.get(("metrics",), lambda: serve_data.read_metrics(
+                s.target, s.namespace, s.read_timeout))
         except (LedgerError, Busy) as exc:
             return self._send(HTTPStatus.SERVICE_UNAVAILABLE, TEXT,
                               f"ledger unreachable: {self._why(exc)}\n")
-        self._send(HTTPStatus.OK, METRICS_TYPE, fleet.metrics)
+        self._send(HTTPStatus.OK, METRICS_TYPE, text)
 
     def _status(self, query: str) -> None:
         """Every job in full; or, asked, a page of those that match (once.serve.status)."""
