@@ -363,8 +363,12 @@ def run(job: str, every: str | None, cron: str | None, tz: str, db: str | None,
                                                on_skip, ping_body_tail, output_tail))
     period = flow.current_period(sched, lag)
     with ledger_for(target, stale_after, quiet, log_format) as ledger:
-        return flow.run_now(ledger, the_job, sched, period, command, settings, catchup,
-                            all_shards)
+        if catchup:
+            from once.run.backfill import catch_up_then_run  # only with --catchup
+
+            return catch_up_then_run(ledger, the_job, sched, period, command, settings,
+                                     catchup, all_shards)
+        return flow.run_shards(ledger, the_job, period, command, settings, all_shards).status
 
 
 def verbosity(verbose: int, quiet: bool) -> int:

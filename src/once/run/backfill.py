@@ -1,5 +1,6 @@
 """Catch-up's loop: each period that needs a run (once.run.flow.missing_periods), oldest first,
-through the claim `once run` makes, and how it is reported as it goes.
+through the claim `once run` makes, and how it is reported as it goes; and `once run
+--catchup N`, which makes up the periods before the current one first.
 
 Progress here is the plain one (a pipe, cron, --log-format json): one `once:` line a period
 that names the job, and a closing summary (`caught up 31 periods of JOB in 22s: 31 done`);
@@ -15,8 +16,8 @@ from collections.abc import Sequence
 from once import outcomes
 from once.ledger import Job, Ledger
 from once.messages import NORMAL, say
-from once.periods import Period
-from once.run.flow import Result, Settings, run_shards
+from once.periods import Period, Schedule
+from once.run.flow import Result, Settings, missing_periods, run_shards
 
 # How a period's result is said in its line and counted in the summary.
 VERBS = {"done": "done", "failed": "failed", "timed-out": "timed out",
@@ -123,6 +124,20 @@ def span(seconds: float) -> str:
     if whole < 3600:
         return f"{whole // 60}m{whole % 60:02d}s"
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def catch_up_then_run(ledger: Ledger, job: Job, schedule: Schedule, period: Period,
+                      command: Sequence[str], settings: Settings, catchup: int,
+                      all_shards: bool = False) -> int:
+    """`once run --catchup N`: make up the periods among the N before `period` that need a
+    run (from the job's first on; a failure there is the status), then claim `period`; both
+    with the same settings (--require-same-command refuses in either)."""
+    missed = missing_periods(ledger, job, schedule, schedule.shifted(period, -catchup),
+                             schedule.previous(period), from_first=True, held=True)
+    status = catch_up(ledger, job, missed, command, settings)
+    if status:
+        return status
+    return run_shards(ledger, job, period, command, settings, all_shards).status
 
 
 def catch_up(ledger: Ledger, job: Job, periods: Sequence[Period], command: Sequence[str],

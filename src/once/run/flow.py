@@ -1,5 +1,6 @@
 """Run and catch-up, composed from the period engine, the ledger, the lease and the wrapper
-(catch-up's loop over the periods it finds, and how it reports them, is once.run.backfill's).
+(catch-up's loop over the periods it finds, and how it reports them, is once.run.backfill's,
+which builds on this module: never the reverse).
 
 This is what `once run` does and what a Python job imports; the CLI is a thin layer over it.
 What the command is handed is once.run.child's, what an attempt writes once its command has ended
@@ -143,23 +144,6 @@ def command_hash(command: Sequence[str], version_tag: str | None = None) -> str:
 
     text = "\0".join([*command, version_tag or ""])
     return f"{zlib.crc32(text.encode('utf-8', 'surrogateescape')):08x}"
-
-
-def run_now(ledger: Ledger, job: Job, schedule: Schedule, period: Period,
-            command: Sequence[str], settings: Settings, catchup: int = 0,
-            all_shards: bool = False) -> int:
-    """`once run`: make up the periods among the `catchup` before `period` that need a run
-    (from the job's first on; a failure there is the status), then claim `period`; both with
-    the same settings (--require-same-command refuses in either)."""
-    if catchup:
-        missed = missing_periods(ledger, job, schedule, schedule.shifted(period, -catchup),
-                                 schedule.previous(period), from_first=True, held=True)
-        from once.run.backfill import catch_up  # only with --catchup
-
-        status = catch_up(ledger, job, missed, command, settings)
-        if status:
-            return status
-    return run_shards(ledger, job, period, command, settings, all_shards).status
 
 
 def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
