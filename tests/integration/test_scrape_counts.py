@@ -28,8 +28,9 @@ from ledger_sql import db_time, placeholders, query
 from once import report
 from once.ledger import parse_url, schema
 from once.ledger.fleet import Snapshot
-from once.periods import Period, schedule
+from once.periods import Period
 from once.report.model import AttemptCounts
+from once.schedules import schedule
 from once.serve import status as api
 from serving import ServedHere
 
