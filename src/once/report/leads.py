@@ -23,7 +23,8 @@ from once.ledger.leases import Lead, TermRow, TermTotals
 from once.periods import iso
 from once.report.check import CRITICAL, Finding
 from once.report.model import rounded
-from once.report.render import Cell, Fitted, age, plain_table, tty, write_line
+from once.report.render import age, plain_table, tty, write_line
+from once.report.screen import Cell, Fitted
 
 # -- reading
 

@@ -12,13 +12,15 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from once.escape import shown
 from once.ledger import Target
 from once.ledger.fleet import Standby
 from once.periods import Period, iso
+from once.report import screen
 from once.report.model import LIST_LIMIT, JobState, rounded
+from once.report.screen import Cell, Fitted
 from once.secrets import scrub, scrub_json
 
 
@@ -53,8 +55,6 @@ def took(seconds: float | None) -> str:
         return "-"
     return f"{seconds:.1f}s" if seconds < 60 else age(seconds)
 
-
-Cell = tuple[str, str]  # (text, rich style; "" for none)
 
 STATUS_HEADERS = ["JOB", "SCHEDULE", "TZ", "LAST DONE", "FINISHED", "TOOK", "RUNNING",
                   "FAILED", "MISSING", "NOW", "NEXT"]
@@ -154,16 +154,6 @@ def _running_cell(s: JobState, key: Callable[[str], str] = str) -> Cell:
     return (text, "bold yellow" if any(s.is_stale(x) for x in running) else "cyan")
 
 
-class Fitted(NamedTuple):
-    """A table drawn under the jobs' (the lead names', once.report.leads): its headers, its
-    rows whole and compact, and the columns a narrow terminal loses first."""
-
-    headers: Sequence[str]
-    rows: Sequence[Sequence[Cell]]
-    compact: Sequence[Sequence[Cell]]
-    drop: Sequence[str]
-
-
 def render_status(states: Sequence[JobState], now: datetime, target: Target,
                   standby: str = "", wide: bool = False, more: Sequence[Fitted] = ()) -> None:
     """The status table (none without jobs), then the `more` tables, then the ledger: in a
@@ -173,9 +163,9 @@ def render_status(states: Sequence[JobState], now: datetime, target: Target,
     # which ledger: the wrong one (or a standby far behind) looks empty or stale
     caption = f"ledger: {target.redacted}{standby}"
     if tty():
-        from once.report import screen
-
-        screen.status_table(states, now, caption, wide, more)
+        screen.status_table(STATUS_HEADERS, [status_cells(s, now) for s in states],
+                            [status_cells(s, now, compact=True) for s in states], caption,
+                            wide, more)
     else:
         tables = [plain_table(STATUS_HEADERS, [status_cells(s, now) for s in states])
                   ] if states else []
@@ -236,8 +226,6 @@ def render_history(job: str, tz: str, entries: list[dict[str, Any]],
     for row in rows:
         row[-1] = (cut_short(row[-1][0], PLAIN_LAST_LINE), row[-1][1])
     if tty():
-        from once.report import screen
-
         screen.history_table(headers, rows, [history_cells(e, compact=True) for e in entries],
                              HISTORY_DROP, f"once logs {shell_word(job)} --period P --attempt N",
                              title=job, wide=wide)
@@ -266,8 +254,6 @@ def render_fleet_history(entries: list[dict[str, Any]], wide: bool = False) -> N
     for row in rows:
         row[-1] = (cut_short(row[-1][0], PLAIN_LAST_LINE), row[-1][1])
     if tty():
-        from once.report import screen
-
         screen.history_table(FLEET_HEADERS, rows,
                              [fleet_cells(e, compact=True) for e in entries], FLEET_DROP,
                              "once logs JOB --period P --attempt N", job_column=0, wide=wide)

@@ -24,12 +24,9 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, NamedTuple
 
 from once.escape import shown
-from once.report.model import JobState
-from once.report.render import STATUS_HEADERS, Cell, Fitted, status_cells
 from once.secrets import scrub
 
 if TYPE_CHECKING:
@@ -40,6 +37,18 @@ if TYPE_CHECKING:
 # runs anything). JOB, FAILED, MISSING, NOW and NEXT are always shown.
 DROP_ORDER = ("TOOK", "TZ", "SCHEDULE", "FINISHED", "RUNNING?", "LAST DONE", "RUNNING")
 CUT_ROOM = 24  # what a cut column (history's LAST LINE) is given, at least, when others fit
+
+Cell = tuple[str, str]  # (text, rich style; "" for none): a pipe's plain table has them too
+
+
+class Fitted(NamedTuple):
+    """A table drawn under the jobs' (the lead names', once.report.leads): its headers, its
+    rows whole and compact, and the columns a narrow terminal loses first."""
+
+    headers: Sequence[str]
+    rows: Sequence[Sequence[Cell]]
+    compact: Sequence[Sequence[Cell]]
+    drop: Sequence[str]
 
 
 class Fit(NamedTuple):
@@ -54,20 +63,21 @@ def hidden_line(hidden: Sequence[str]) -> str:
     return f"hidden at this width: {', '.join(hidden)} (--wide shows them)"
 
 
-def status_table(states: Sequence[JobState], now: datetime, caption: str,
-                 wide: bool = False, more: Sequence[Fitted] = ()) -> None:
-    """`once status` on a terminal: as wide as it fits (see the module's docstring), the
-    `more` tables (the lead names') under it (none without jobs); the caption under them,
-    wrapped to the terminal."""
+def status_table(headers: Sequence[str], rows: Sequence[Sequence[Cell]],
+                 compact: Sequence[Sequence[Cell]], caption: str, wide: bool = False,
+                 more: Sequence[Fitted] = ()) -> None:
+    """`once status` on a terminal: the jobs' table (its rows whole and compact, a row a job;
+    once.report.render's cells) as wide as it fits (see the module's docstring), the `more`
+    tables (the lead names') under it (none without jobs); the caption under them, wrapped
+    to the terminal."""
     from rich.console import Console
     from rich.text import Text
 
-    hidden = print_fitted(STATUS_HEADERS, [status_cells(s, now) for s in states],
-                          [status_cells(s, now, compact=True) for s in states], DROP_ORDER,
-                          job_column=0, wide=wide).hidden if states else []
+    hidden = print_fitted(headers, rows, compact, DROP_ORDER, job_column=0,
+                          wide=wide).hidden if rows else []
     console = Console(highlight=False)
     for table in more:
-        if states or table is not more[0]:
+        if rows or table is not more[0]:
             console.print()
         hidden += [h for h in print_fitted(table.headers, table.rows, table.compact,
                                            table.drop, job_column=0, wide=wide).hidden
