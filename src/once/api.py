@@ -276,29 +276,46 @@ def lead(name: str, *, db: str | None = None, lease: float = 15.0,
 
     stored = limits.stored_name(name, namespace)
     limits.text("db", db, optional=True)
-    problem = leading.lease_problem(float(lease), stop_within)
+    lease = limits.seconds("lease", lease)  # a number, finite, more than 0
+    if stop_within is not None:
+        stop_within = limits.seconds("stop_within", stop_within)
+    problem = leading.lease_problem(lease, stop_within)
     if problem:
         raise limits.InputError(problem.replace("--kill-after", "stop_within")
                                 .replace("--lease", "lease"))
+    if (db, stored) in _LEADING:  # it would wait for itself for ever
+        raise limits.InputError(f"once.lead({stored!r}) inside a once.lead of the same name "
+                                f"and ledger in this process")
     owner = flow.default_owner()
     ledger = open_ledger(_target(db), timeout=statement_timeout(lease))
     elector = leading.Elector(ledger, stored, lease, owner, leading.Voice(stored, owner, -1))
+    leading_process = os.getpid()
     try:
         won = elector.campaign()
         assert won is not None  # nothing sets its stop: it waits until it leads
         term, sent = won
         held = elector.lease_for(term, sent)
         leader = Leader(stored, term, threading.Event(), held)
+        _LEADING.add((db, stored))
         try:
             with _heartbeat(held), _watch(held, leader.lost,
                                           leading.kill_after_for(lease, stop_within)):
                 yield leader
         finally:  # an exception leaves the block too: the lease goes with it
-            if held.stranded:  # a renewal stuck in the driver holds the connection
-                ledger.abandon()
-            elector.release(term, "lost" if leader.lost.is_set() else "released")
+            _LEADING.discard((db, stored))
+            if os.getpid() == leading_process:  # never a child forked in the block
+                if held.stranded:  # a renewal stuck in the driver holds the connection
+                    ledger.abandon()
+                elector.release(term, "lost" if leader.lost.is_set() else "released")
     finally:
-        ledger.close()
+        if os.getpid() == leading_process:
+            ledger.close()
+        else:
+            ledger.abandon()  # the parent's connection: closing it here would end it there
+
+
+# The names this process leads, by ledger (once.lead refuses to nest one in itself).
+_LEADING: set[tuple[str | None, str]] = set()
 
 
 @contextmanager

@@ -38,7 +38,7 @@ def say(message: str, settings: Voice | None = None, level: int = NORMAL,
     if settings is None or settings.log_format != "json":
         from once.escape import shown  # an owner or a reason may hold control characters
 
-        print(scrub_line(f"once: {shown(message)}"), file=sys.stderr, flush=True)
+        _write(scrub_line(f"once: {shown(message)}"))
         return
     import json
     from datetime import UTC, datetime
@@ -46,4 +46,14 @@ def say(message: str, settings: Voice | None = None, level: int = NORMAL,
     record = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"),
               "level": json_level or _JSON_LEVELS.get(level, "info"), "event": event,
               **settings.context, "owner": settings.owner, "message": message}
-    print(scrub_json(json.dumps(record)), file=sys.stderr, flush=True)
+    _write(scrub_json(json.dumps(record)))
+
+
+def _write(line: str) -> None:
+    """A line on stderr; one that cannot be written (a full disk, a reader gone, stderr
+    closed) is lost, and changes nothing of what once does: a leader whose `leading` line
+    failed still ran and released its term."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError, AttributeError):  # ValueError: closed; None: no stderr
+        pass

@@ -17,7 +17,7 @@ import pytest
 
 from helpers import ONCE, run_once
 from once.cli.main import cli, load_commands
-from once.run.child import EXPORTED
+from once.run.child import EXPORTED, LEAD_EXPORTED
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "once"
 
@@ -81,7 +81,7 @@ def test_once_in_a_command_and_a_hook_claims_the_period_of_its_own_zone(
     assert outer.returncode == 0, outer.stderr
     days |= utc_days()
     given = {**read(tmp_path / "cmd.outer.json"), **read(tmp_path / "hook.outer.json")}
-    assert set(given) == set(EXPORTED) - LEAD_ONLY, "the test must see every variable once exports"
+    assert set(given) == set(EXPORTED), "the test must see every variable once exports"
     assert given["ONCE_PERIOD"] not in days  # the outer run's day is another one
     for label in ("cmd", "hook"):
         inner = read(tmp_path / f"{label}.inner.json")
@@ -93,18 +93,19 @@ def test_once_in_a_command_and_a_hook_claims_the_period_of_its_own_zone(
                               "ONCE_FENCE"}, (label, inner)
 
 
-# What `once lead` gives its command besides: a nested `once` must not see a leader's term.
-LEAD_ONLY = {"ONCE_LEAD", "ONCE_TERM"}
-
-
-def test_once_in_a_leader_s_command_sees_no_term(env: dict[str, str], tmp_path: Path,
-                                                 scripts: tuple[str, str]) -> None:
+def test_a_leader_s_term_reaches_a_nested_once_run_s_command(
+        env: dict[str, str], tmp_path: Path, scripts: tuple[str, str]) -> None:
+    # No `once` reads ONCE_LEAD or ONCE_TERM: a `once run` in front of a leader's job passes
+    # them on, so that the job fences its writes by the term.
     leaf, nested = scripts
     outer = run_once("lead", "--name", "beat", "--", sys.executable, nested,
                      str(tmp_path / "led"), ONCE, leaf, env=env)
     assert outer.returncode == 0, outer.stderr
-    assert set(read(tmp_path / "led.outer.json")) == LEAD_ONLY
-    assert not set(read(tmp_path / "led.inner.json")) & LEAD_ONLY
+    given = read(tmp_path / "led.outer.json")
+    assert set(given) == set(LEAD_EXPORTED) and given["ONCE_TERM"] == "1"
+    inner = read(tmp_path / "led.inner.json")
+    assert {k: inner[k] for k in LEAD_EXPORTED} == given
+    assert inner["ONCE_ATTEMPT"] == "1"
 
 
 @pytest.mark.parametrize("name", EXPORTED)

@@ -322,3 +322,82 @@ def _local_ports(pid: int) -> set[int]:
             if fields[9] in inodes:
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+def test_a_stderr_that_cannot_be_written_changes_nothing(once_env: dict[str, str],
+                                                         tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([ONCE, "lead", "--name", NAME, "--", "sh", "-c",
+                               f'touch "{ran}"; exit 4'], env=once_env, stderr=full,
+                              timeout=60)
+    assert done.returncode == 4 and ran.exists()
+    again = subprocess.run([ONCE, "lead", "--name", NAME, "--", "sh", "-c", "echo $ONCE_TERM"],
+                           env=once_env, capture_output=True, text=True, timeout=30)
+    assert again.stdout.strip() == "2", again.stderr  # the first term was released
+
+
+def test_a_lease_past_its_expiry_that_nobody_took_is_renewed(ledger_url: str) -> None:
+    # On SQLite the host's clock stepped forward puts every lease past its expiry: the
+    # leader's renewal (holder and term) must still hold it; a takeover must end it.
+    from once.ledger import open_ledger, parse_url
+    from once.ledger.leases import Leases
+
+    with open_ledger(parse_url(ledger_url)) as ledger:
+        leases = Leases(ledger)
+        won = leases.acquire("step", "me", "me", 0.5)
+        assert won is not None
+        leases.hand_over()  # (SQLite) as a leader's guard would take it
+        time.sleep(1.0)
+        assert leases.renew("step", "me", won[0], 0.5)
+        time.sleep(1.0)
+        other = Leases(ledger).acquire("step", "other", "other", 60)
+        assert other is not None and other[0] == won[0] + 1
+        assert not leases.renew("step", "me", won[0], 0.5)
+
+
+API_FORKING = """
+import os, sys, time, once
+with once.lead("scheduler", db=sys.argv[1], lease=3) as leader:
+    pid = os.fork()
+    if pid == 0:
+        pass  # the child leaves the block: it must not release the parent's lease
+    else:
+        os.waitpid(pid, 0)
+        print(leader.term, flush=True)
+        time.sleep(4)
+        leader.check()
+        print("still", flush=True)
+if pid == 0:
+    os._exit(0)
+"""
+
+
+def test_a_child_forked_in_the_python_api_s_block_releases_nothing(ledger_url: str) -> None:
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", API_FORKING, ledger_url], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "still"]
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ("lease=float('nan')", "bad lease nan"), ("stop_within=-1", "bad stop_within -1"),
+    ("stop_within=float('nan')", "bad stop_within nan"),
+])
+def test_the_python_api_refuses_what_the_command_line_refuses(ledger_url: str, args: str,
+                                                               says: str) -> None:
+    import once  # noqa: F401  (the expression names it)
+
+    with pytest.raises(ValueError, match=says), \
+            eval(f"once.lead('x', db={ledger_url!r}, {args})"):
+        pass
+
+
+def test_a_lead_nested_in_itself_is_refused(ledger_url: str) -> None:
+    import once
+
+    with once.lead("nest", db=ledger_url, lease=3), \
+            pytest.raises(ValueError, match="inside"), once.lead("nest", db=ledger_url, lease=3):
+        pass

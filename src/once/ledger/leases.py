@@ -239,11 +239,8 @@ class Leases:
                           "lease": float(lease), "epoch": self.ledger.backend.bind(_EPOCH)}
         if not self._take_host_lock(name):
             return None  # SQLite: a leader's command may still run
-        sent = lease_now()
 
         def work(execute: Any) -> int | None:
-            nonlocal sent  # this try's: a first use makes the tables first, which may be slow
-            sent = lease_now()
             previous = execute(self.PREVIOUS, params).fetchone()
             if previous is None:
                 execute(self._upsert(self.SEED, self.SEED_CONFLICT), params)
@@ -264,7 +261,7 @@ class Leases:
         finally:
             if term is None:
                 self.hand_over()  # not won (or failed): nobody is to hold it for us
-        return None if term is None else (int(term), sent)
+        return None if term is None else (int(term), float(params["sent"]))
 
     def _run_with_timeline(self, doing: str, work: Any) -> Any:
         """_run; on a PostgreSQL server that cannot read its timeline (a role refused
@@ -283,8 +280,12 @@ class Leases:
         return self._run(doing, work)
 
     def _acquire(self, execute: Any, params: Params) -> int | None:
+        """The acquire itself: its send is when the lease counts from (params["sent"]), as
+        the database's expiry counts from its execution (a slow link's earlier round trips
+        in the transaction cost the lease nothing)."""
         sql = self.ACQUIRE.replace("{term}", _next_term(self.dialect, self.timeline)) \
             .replace("{gate}", _GATE[self.dialect])
+        params["sent"] = lease_now()
         if self.dialect == "mysql":
             cur = execute(sql, params)
             return int(cur.lastrowid) if cur.rowcount == 1 else None
@@ -310,15 +311,21 @@ class Leases:
 
     # -- the holder
 
+    # Holder and term: the lease is ours while nobody has taken it, even past its expiry on
+    # the database's clock (a renewal is only sent before our own deadline, so nothing of ours
+    # runs beyond it). On SQLite the host's clock stepped forward thus ends no healthy term.
     RENEW = """
         UPDATE once_leases SET renewed_at = {now}, expires_at = {until}
-        WHERE name = %(name)s AND holder = %(holder)s AND term = %(term)s
-          AND expires_at > {now}"""
+        WHERE name = %(name)s AND holder = %(holder)s AND term = %(term)s"""
 
     def renew(self, name: str, holder: str, term: int, lease: float) -> bool:
-        """Extend our lease; False when it is no longer ours (taken, released, or past its
-        expiry on the database's clock)."""
+        """Extend our lease; False when it is no longer ours (taken, released, retired)."""
         params = {"name": name, "holder": holder, "term": term, "lease": float(lease)}
+        if self.dialect == "postgresql":  # one statement, autocommit: one round trip
+            ledger = cast("Any", self.ledger)
+            with ledger._errors("cannot renew the lease in"):
+                ledger.connect()
+                return bool(ledger._execute(self._sql(self.RENEW), params).rowcount == 1)
         return bool(self._run("cannot renew the lease in",
                               lambda execute: execute(self.RENEW, params).rowcount == 1))
 

@@ -21,8 +21,10 @@ if TYPE_CHECKING:
 # and never sees an outer run's shard, watermark file or attempt as its own.
 EXPORTED = ("ONCE_JOB", "ONCE_PERIOD", "ONCE_PERIOD_START", "ONCE_PERIOD_END",
             "ONCE_PERIOD_TZ", "ONCE_ATTEMPT", "ONCE_FENCE", "ONCE_STATE", "ONCE_STATE_OUT",
-            "ONCE_SHARD", "ONCE_SHARDS", "ONCE_OUTCOME", "ONCE_STATUS", "ONCE_OUTPUT_FILE",
-            "ONCE_LEAD", "ONCE_TERM")
+            "ONCE_SHARD", "ONCE_SHARDS", "ONCE_OUTCOME", "ONCE_STATUS", "ONCE_OUTPUT_FILE")
+# `once lead`'s (once.run.lead.child_env): no `once` reads them, so a `once run` that a leader's
+# command starts passes them on to its own command, which fences its writes by the term.
+LEAD_EXPORTED = ("ONCE_LEAD", "ONCE_TERM")
 
 
 def child_env(job: Job, period: Period, claim: Claim | None, shard: int | None = None,

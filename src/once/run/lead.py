@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from once import limits
 from once.deadlines import lease_now, max_grace
 from once.messages import ERROR, NORMAL, say
-from once.run.child import EXPORTED
+from once.run.child import EXPORTED, LEAD_EXPORTED
 from once.run.guard import FORWARDED
 from once.run.lease import Lease
 
@@ -113,8 +113,8 @@ class Elector:
                 self.ledger.close()  # the next look opens a fresh connection
                 passing += 1
                 if not (self._lost_race(exc) and passing < QUIET_TRIES):
-                    self.say(f"{self.name}: no leader can be chosen now, {exc}; trying again "
-                             f"every {min(backoff * 2, MAX_BACKOFF):g}s at most", "ledger-error",
+                    self.say(f"{self.name}: a candidate that cannot reach the ledger ({exc}); "
+                             f"trying again, at most every {MAX_BACKOFF:g}s", "ledger-error",
                              ERROR)
                     backoff = min(backoff * 2, MAX_BACKOFF)
                 pause = backoff
@@ -193,8 +193,9 @@ class Elector:
 
 def child_env(name: str, term: int) -> dict[str, str]:
     """The command's environment: once's own variables of an outer run dropped (a nested
-    `once` behaves as cron starts it), ONCE_LEAD and ONCE_TERM set."""
-    env = {key: value for key, value in os.environ.items() if key not in EXPORTED}
+    `once` behaves as cron starts it), ONCE_LEAD and ONCE_TERM set (an outer leader's too)."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in EXPORTED and key not in LEAD_EXPORTED}
     env.update({"ONCE_LEAD": name, "ONCE_TERM": str(term)})
     return env
 
@@ -236,20 +237,23 @@ def _lead_once(elector: Elector, command: Sequence[str], kill_after: float, term
     if outcome.interrupted_by is not None:
         elector.stop.set()  # the signal was forwarded to the command: this process stops too
     if outcome.kind == "fenced-out" or lease.lost:
-        why = lease.last_error or "another holder took the lease"
+        why = lease.last_error or ("the lease is no longer this process's (taken after it ran "
+                                   "out, or retired)" if lease.lost else "its deadline came")
         elector.say(f"{name}: lost the lease of term {term} ({why}); the command was "
                     f"stopped", "lost", ERROR)
         elector.release(term, "lost")
         return FENCED_OUT, True
-    elector.release(term)
+    released = elector.release(term)
     if outcome.kind == "exec-failed":
-        elector.say(f"{name}: released term {term}; the command could not start "
-                    f"({outcome.message}), status {outcome.status}", "released", ERROR)
+        elector.say(f"{name}: the command could not start ({outcome.message}), status "
+                    f"{outcome.status}" + (f"; released term {term}" if released else ""),
+                    "released", ERROR)
         return outcome.status, False
     stopped = (f" after {wrapper.signal_name(outcome.interrupted_by)}"
                if outcome.interrupted_by else "")
-    elector.say(f"{name}: released term {term}; the command ended{stopped} with status "
-                f"{outcome.status}", "released")
+    ended = f"the command ended{stopped} with status {outcome.status}"
+    elector.say(f"{name}: released term {term}; {ended}" if released else f"{name}: {ended}",
+                "released")
     return outcome.status, False
 
 
