@@ -143,7 +143,8 @@ def test_row_meaning_needs_only_time(module: str) -> None:
                                      "once.schedules", *LEAVES}
 
 
-@pytest.mark.parametrize("module", ["once.cli", "once.cli.commands", "once.cli.complete"])
+@pytest.mark.parametrize("module", ["once.cli", "once.cli.main", "once.cli.options",
+                                    "once.cli.runs", "once.cli.reports", "once.cli.complete"])
 def test_the_cli_holds_no_sql(module: str) -> None:
     roots = {i.module.split(".")[0] for i in imports(module)}
     assert not roots & {"sqlalchemy", *DRIVERS}
@@ -151,7 +152,7 @@ def test_the_cli_holds_no_sql(module: str) -> None:
                    for m in _once_imports(module) if m != "once.ledger")
 
 
-HOT = ("once.cli", "once.cli.main", "once.api", "once.run.flow", "once.run.wrapper",
+HOT = ("once.cli", "once.cli.main", "once.cli.options", "once.api", "once.run.flow", "once.run.wrapper",
        "once.run.machine", "once.run.guard", "once.run.lease", "once.run.relay", "once.run.child",
        "once.run.attempt", "once.run.notify", "once.messages", "once.periods", "once.units",
        "once.schedules", "once.stored", "once.gaps",
@@ -162,7 +163,8 @@ HOT = ("once.cli", "once.cli.main", "once.api", "once.run.flow", "once.run.wrapp
 # once.ledger.dbapi holds annotations alone: imported under TYPE_CHECKING, never run.
 COLD = ("sqlalchemy", "rich", "once.report", "once.ledger.schema", "once.ledger.upgrade",
         "once.ledger.history", "once.ledger.fleet", "once.ledger.rows", "once.ledger.dbapi",
-        "once.ledger.prune", "once.ledger.engines", "once.serve", "once._docs", "once.cli.commands")
+        "once.ledger.prune", "once.ledger.engines", "once.serve", "once._docs", "once.cli.runs",
+        "once.cli.reports", "once.cli.ledger_commands", "once.cli.lead")
 
 
 @pytest.mark.parametrize("module", [m for m in HOT if m in modules()] + ["once.cli"])

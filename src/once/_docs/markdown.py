@@ -83,8 +83,7 @@ def write_pages(directory: Path) -> list[Path]:
 
 def commands_page(group: click.Group, cmds: list[Command]) -> str:
     root = root_context(group)
-    out = [GENERATED.format(source="the click definitions in src/once/cli/main.py and "
-                            "src/once/cli/commands.py"),
+    out = [GENERATED.format(source="the click definitions in src/once/cli/"),
            "# Commands and options", "",
            "Every command and every option, as `once COMMAND --help` shows them (and "
            "`man once`, made from the same definitions). " + md(prose.OPTIONS_INTRO), "",

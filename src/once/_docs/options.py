@@ -17,8 +17,8 @@ from once._docs.roff import bold, esc, italic, line, macro, markup, prose
 
 PROG = "once"
 
-# Commands in the order a reader meets them; commands not named here follow, as cli.py
-# defines them.
+# Commands in the order a reader meets them; commands not named here follow, in the order
+# once.cli.main.load_commands adds them.
 COMMAND_ORDER = (
     "run",
     "catchup",

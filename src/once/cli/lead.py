@@ -1,14 +1,14 @@
-"""`once lead`, registered on `once.cli.main.cli` with the other commands (load_commands)."""
+"""`once lead`, added to the group with the other commands (once.cli.main.load_commands)."""
 
 from __future__ import annotations
 
 import click
 
 from once import limits
-from once.cli.main import DURATION, cli, ledger_options, open_target
+from once.cli.options import DURATION, ledger_options, open_target
 
 
-@cli.command(context_settings={"allow_interspersed_args": False})
+@click.command(context_settings={"allow_interspersed_args": False})
 @click.option("--name", required=True, metavar="NAME",
               help="Lead name: one leader per name and ledger (1-200 printable characters, no "
                    "whitespace; with --namespace, NS:NAME at most 255).")

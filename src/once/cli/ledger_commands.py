@@ -1,11 +1,11 @@
 """The commands that look after the ledger itself: `once schema`, `once prune` and
-`once doctor`, registered on `once.cli.cli` by once.cli.commands (never on the hot path)."""
+`once doctor`, added to the group by once.cli.main.load_commands (never on the hot path)."""
 
 from __future__ import annotations
 
 import click
 
-from once.cli.main import DURATION, SIZE, cli, first_use, ledger_options, open_target
+from once.cli.options import DURATION, SIZE, first_use, ledger_options, open_target
 from once.escape import shown
 from once.messages import say
 from once.secrets import scrub, scrub_json
@@ -13,7 +13,7 @@ from once.secrets import scrub, scrub_json
 # -- once schema -----------------------------------------------------------------------------
 
 
-@cli.command()
+@click.command()
 @ledger_options
 @click.option("--sql", is_flag=True, help="Print the DDL for the URL's dialect; touch no "
               "database.")
@@ -42,7 +42,7 @@ def schema(db: str | None, db_password_file: str | None, namespace: str | None,
 # -- once prune -----------------------------------------------------------------------------
 
 
-@cli.command()
+@click.command()
 @ledger_options
 @click.option("--older-than", required=True, type=DURATION, metavar="DURATION",
               help="Forget attempts and done rows that finished longer ago than this.")
@@ -72,7 +72,7 @@ def prune(db: str | None, db_password_file: str | None, namespace: str | None,
 # -- once doctor ----------------------------------------------------------------------------
 
 
-@cli.command()
+@click.command()
 @ledger_options
 @click.option("--output-tail", default="16KiB", show_default=True, type=SIZE, metavar="SIZE",
               help="The --output-tail the fleet stores, to check the server's packet limit.")
@@ -91,3 +91,6 @@ def doctor(db: str | None, db_password_file: str | None, namespace: str | None,
     shown_verdicts = judging.render(verdicts, as_json)
     click.echo(scrub_json(shown_verdicts) if as_json else scrub(shown_verdicts))
     return judging.worst(verdicts)
+
+
+COMMANDS = (schema, prune, doctor)

@@ -12,7 +12,7 @@
     overview `/`: the filter by state and name, the order and the pages of the fleet
     status   `/api/status`: every job in full, or a page of those that match a query
 
-A report-path part: `once run` never imports it. The CLI (once.cli.commands) uses the four names
+A report-path part: `once run` never imports it. The CLI (once.cli.reports) uses the four names
 re-exported here.
 """
 
