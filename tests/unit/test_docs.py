@@ -15,9 +15,10 @@ import click
 import pytest
 
 from once._docs.completions import SHELLS, completion_scripts, write_completions
+from once._docs.environment import CHILD_ENV, ENV_FIXED
 from once._docs.man import man_page
 from once._docs.options import envvars, root_context
-from once._docs.prose import CHILD_ENV, ENV_FIXED, example_commands
+from once._docs.prose import example_commands
 from once.cli.complete import job_names
 from once.cli.main import cli, load_commands
 

@@ -17,7 +17,7 @@ from typing import Any, get_type_hints
 import pytest
 
 from helpers import run_either, wait_for
-from once._docs import columns, markdown, prose
+from once._docs import columns, environment, exits, markdown
 from once._docs.options import commands, envvars, load_cli
 from once.report import documents
 from once.report.metrics import JOB_LABEL, LABELS, METRICS
@@ -53,14 +53,14 @@ def all_options() -> set[str]:
 
 
 def all_envvars() -> set[str]:
-    found = {name for name, _ in prose.CHILD_ENV} | {name for name, _ in prose.ENV_FIXED}
+    found = {name for name, _ in (*environment.CHILD_ENV, *environment.ENV_FIXED)}
     for cmd in commands(CLI):
         for opt in cmd.options:
             found.update(envvars(opt, cmd.ctx))
     return found
 
 
-EXIT_STATUSES = {status for _, _, rows in prose.EXIT_STATUS for status, _ in rows
+EXIT_STATUSES = {status for _, _, rows in exits.EXIT_STATUS for status, _ in rows
                  if status.isdigit()} | {"0", "1", "2", "3", "75"}
 
 

@@ -11,16 +11,19 @@ fails when the committed files differ from what this package makes: run
 `make man completions`.
 
 A package, so that the words and the machinery live apart: whoever edits what the page says
-opens `prose` (data only, no roff and no click), and whoever changes how it is typeset opens
-the builders, where no paragraph of prose is in the way:
+opens `prose`, `exits` or `environment` (data only, no roff and no click), and whoever changes
+how it is typeset opens the builders, where no paragraph of prose is in the way:
 
-    prose         the words: description, exit statuses, environment, files, examples...
+    prose         the words: description, limits, files, output, cron's traps, examples...
+    exits         the exit statuses of every command
+    environment   the variables once reads, and those it sets for the command
     roff          the roff engine: escaping, markup, requests (the standard library only)
     options       what click knows, as roff: commands, option entries, synopses
     man           man/once.1, one builder a section (SECTIONS)
     completions   completions/*, from click's templates
     __main__      the command line above
 
-The modules import each other in that order only (prose and roff import no other part of
-once). Nothing here is on the hot path: only `make`, the tests and the docs import it.
+The modules import each other in that order only (prose, exits, environment and roff import
+no other part of once). Nothing here is on the hot path: only `make`, the tests and the docs
+import it.
 """

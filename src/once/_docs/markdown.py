@@ -5,8 +5,9 @@ words), the JSON documents' typed definition (once.report.documents) and the met
 (once.report.metrics). `make man` writes them; tests/unit/test_docs_site.py fails when the
 committed pages differ from what this module makes.
 
-Deterministic: no dates, nothing of the machine. Imports click, once._docs' options and prose,
-and, when asked for the pages, the schema (SQLAlchemy), the documents and the metrics.
+Deterministic: no dates, nothing of the machine. Imports click, once._docs' options and its
+words (prose, exits, environment, columns), and, when asked for the pages, the schema
+(SQLAlchemy), the documents and the metrics.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from once._docs import columns, prose
+from once._docs import columns, environment, exits, prose
 from once._docs.options import (
     PROG,
     Command,
@@ -87,7 +88,7 @@ def commands_page(group: click.Group, cmds: list[Command]) -> str:
            "# Commands and options", "",
            "Every command and every option, as `once COMMAND --help` shows them (and "
            "`man once`, made from the same definitions). " + md(prose.OPTIONS_INTRO), "",
-           md(prose.ENV_AUTO), "", "## once", "", "```", f"{PROG} [-h] [-V]", "```", "",
+           md(environment.ENV_AUTO), "", "## once", "", "```", f"{PROG} [-h] [-V]", "```", "",
            _first_paragraphs(group.help), ""]
     for opt in _visible(group):
         out += _option(opt, root)
@@ -152,18 +153,19 @@ def _option(option: click.Option, ctx: click.Context) -> list[str]:
 def environment_page(cmds: list[Command]) -> str:
     from once._docs.man import _read_envvars
 
-    out = [GENERATED.format(source="src/once/_docs/prose.py and the click definitions"),
+    out = [GENERATED.format(source="src/once/_docs/environment.py, prose.py and the click "
+                                    "definitions"),
            "# Environment variables and files", "", "## Read by once", ""]
     for name, text in _read_envvars(cmds):
         out += [f"`{name}`", ":   " + md(text).replace("\n\n", "\n\n    "), ""]
-    out += [md(prose.ENV_AUTO), "", "| variable | option |", "| --- | --- |"]
+    out += [md(environment.ENV_AUTO), "", "| variable | option |", "| --- | --- |"]
     for cmd in cmds:
         for opt in cmd.options:
             for var in envvars(opt, cmd.ctx):
                 if not opt.envvar:
                     out.append(f"| `{var}` | `once {cmd.name} {option_names(opt)[-1]}` |")
-    out += ["", "## Set for the command", "", md(prose.CHILD_ENV_INTRO), ""]
-    for name, text in prose.CHILD_ENV:
+    out += ["", "## Set for the command", "", md(environment.CHILD_ENV_INTRO), ""]
+    for name, text in environment.CHILD_ENV:
         out += [f"`{name}`", ":   " + md(text), ""]
     out += ["## Files", ""]
     for path, text in prose.FILES:
@@ -173,9 +175,9 @@ def environment_page(cmds: list[Command]) -> str:
 
 
 def exit_status_page() -> str:
-    out = [GENERATED.format(source="src/once/_docs/prose.py"), "# Exit statuses", "",
-           md(prose.EXIT_STATUS_NOTE), ""]
-    for title, text, rows in prose.EXIT_STATUS:
+    out = [GENERATED.format(source="src/once/_docs/exits.py"), "# Exit statuses", "",
+           md(exits.EXIT_STATUS_NOTE), ""]
+    for title, text, rows in exits.EXIT_STATUS:
         out += [f"## {title}", ""]
         if text:
             out += [md(text), ""]
