@@ -174,7 +174,7 @@ def test_check_on_an_empty_ledger_is_unknown(once_env: dict[str, str],
     # Expected jobs that never ran at all are the first kind of absence: CRITICAL.
     result = once(once_env, "check", "nightly")
     assert (result.returncode, result.stdout) == (
-        2, "CRITICAL nightly - unknown (no run of this job in the ledger)\n")
+        2, "CRITICAL nightly - unknown (never ran: no run of this job in the ledger)\n")
 
 
 # -- 19. which ledger ------------------------------------------------------------------------

@@ -362,7 +362,7 @@ def test_check_lists_ten_then_a_range(once_env: dict[str, str]) -> None:
 def test_check_unknown_job_is_critical(once_env: dict[str, str]) -> None:
     run_today(once_env, "known")
     assert check_lines(once_env, "known", "ghost") == (
-        2, ["CRITICAL ghost - unknown (no run of this job in the ledger)"])
+        2, ["CRITICAL ghost - unknown (never ran: no run of this job in the ledger)"])
 
 
 def test_check_cron_job(once_env: dict[str, str]) -> None:

@@ -183,7 +183,8 @@ def check(target: Target, jobs_named: Sequence[str], namespace: str | None, grac
     if lagging is not None:
         found.append(lagging)
     for name in sorted(set(names) - {s.name for s in states} - {x.name for x in leads}):
-        found.append(Finding(CRITICAL, name, "-", "unknown", "no run of this job in the ledger"))
+        found.append(Finding(CRITICAL, name, "-", "unknown",
+                             "never ran: no run of this job in the ledger"))
     if not states and not names and not leads:
         where = f"namespace {namespace} in " if namespace else ""
         found.append(Finding(UNKNOWN, "", "-", "empty",
