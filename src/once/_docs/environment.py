@@ -107,6 +107,8 @@ standard input passed through, standard output and error passed through or relay
 (where they are not a terminal; their last `--output-tail` bytes are kept in the ledger) and
 these variables added to its environment. A `once` that the command or a hook starts is not
 changed by any of them: none is a variable `once` reads, and an outer run's are replaced or
-removed, never passed on. `once lead` runs its command the same way, its output passed
-through and not kept, with `ONCE_LEAD` and `ONCE_TERM` alone:
+removed, never passed on; but `ONCE_LEAD` and `ONCE_TERM`, which a `once run` started by a
+leader's command passes on to its own command, so that a leader's job fences its writes by
+the term. `once lead` runs its command the same way, its output passed through and not kept,
+with `ONCE_LEAD` and `ONCE_TERM` alone:
 """
