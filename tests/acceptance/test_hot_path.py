@@ -15,7 +15,8 @@ from helpers import run_once
 # What only reports, table creation and the other commands need.
 FORBIDDEN = ("sqlalchemy", "rich", "once.report", "once.cli.runs", "once.cli.reports",
              "once.cli.ledger_commands", "once.cli.lead", "once.gaps",
-             "once.ledger.schema", "once.ledger.prune", "once.ledger.history",
+             "once.ledger.schema", "once.ledger.tables", "once.ledger.upgrade",
+             "once.ledger.prune", "once.ledger.history",
              "once.ledger.fleet", "once.ledger.rows", "once.ledger.dbapi",
              "once.ledger.engines", "once.cli.progress", "once._docs", "once.serve", "http.server")
 # Nor, on a skip against SQLite, what only a won claim, a ping, a host in the URL or a zone

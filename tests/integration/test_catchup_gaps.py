@@ -12,7 +12,7 @@ import pytest
 
 from helpers import run_either, wait_for
 from ledger_sql import query
-from once.ledger import Job, open_ledger, parse_url, schema
+from once.ledger import Job, open_ledger, parse_url, schema, tables
 from once.periods import Period
 from once.run import flow
 from once.schedules import schedule
@@ -182,12 +182,12 @@ def seed_ledger(url: str, sched: object, shards: int, first: Period,
     eng = schema.engine(target)
     old = datetime(2000, 1, 1, tzinfo=UTC)
     with eng.begin() as conn:
-        conn.execute(schema.jobs.insert().values(
+        conn.execute(tables.jobs.insert().values(
             job="j", fence=1, fire_count=1, kind=sched.kind, schedule=sched.spec,  # type: ignore[attr-defined]
             tz=sched.tz_name, lag=0, max_attempts=3, stale_after=300.0,  # type: ignore[attr-defined]
             first_period_start=first.start.astimezone(UTC), created_at=old, last_fired_at=old,
             shards=shards))
-        conn.execute(schema.runs.insert(), [
+        conn.execute(tables.runs.insert(), [
             {"job": "j", "period": key, "status": status, "attempt": attempt, "fence": 1,
              "owner": "t", "period_start": p.start.astimezone(UTC),
              "period_end": p.end.astimezone(UTC), "started_at": old, "heartbeat_at": old,

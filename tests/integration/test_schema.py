@@ -20,7 +20,8 @@ from once.ledger import parse_url
 from once.ledger.fleet import UNUSUAL_TALLY
 from once.ledger.pg_claim import stored_claim
 from once.ledger.rows import UNUSUAL_ATTEMPT
-from once.ledger.schema import BEFORE_5, SCHEMA_VERSION
+from once.ledger.schema import SCHEMA_VERSION
+from once.ledger.tables import BEFORE_5
 from procs import start_once
 
 sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)

@@ -19,11 +19,10 @@ from urllib.parse import quote
 import pytest
 
 from ledger_sql import query
-from once.ledger import LedgerError, open_ledger
+from once.ledger import LedgerError, open_ledger, parse_url
 from once.ledger.pg_claim import stored_claim
 from once.ledger.postgres import PostgresLedger
 from once.ledger.records import SCHEMA_VERSION, Claim, Job
-from once.ledger.url import parse_url
 
 
 def _ledger(url: str, stored_from: int) -> PostgresLedger:
@@ -245,10 +244,11 @@ def _claims_by_statement(url: str, name: str) -> bool:
 def test_the_ddl_once_schema_prints_makes_it(pg_url: str) -> None:
     # A DBA's way: the DDL run by hand (twice, as a deploy may); a catch-up's second claim
     # finds it and calls it.
+    from once.ledger.dialects import named
     from once.ledger.schema import ddl
 
-    query(pg_url, ";\n".join(ddl("postgresql")))
-    query(pg_url, ";\n".join(ddl("postgresql")))
+    query(pg_url, ";\n".join(ddl(named("postgresql"))))
+    query(pg_url, ";\n".join(ddl(named("postgresql"))))
     assert _stored_functions(pg_url) == 1
     test_a_catchups_later_claims_call_it(pg_url)
 

@@ -16,8 +16,9 @@ import psycopg
 import pytest
 from pymysql import err as mysql_err
 
-from once.ledger import Target, UnknownDialect, UrlError, open_ledger, parse_url, schema
-from once.ledger.dialects import REGISTRY, Dialect, named, of, of_sqlalchemy
+from once.ledger import UnknownDialect, UrlError, open_ledger, parse_url, schema
+from once.ledger.dialect import Dialect
+from once.ledger.dialects import REGISTRY, named, of, of_sqlalchemy
 
 DIALECTS = sorted(REGISTRY)
 # A URL of each backend (nothing connects to it).
@@ -193,7 +194,7 @@ def test_sqlite_instants_round_trip_through_the_driver(tmp_path: Path) -> None:
 def test_a_dialect_is_found_by_its_name_schemes_and_sqlalchemy_names(dialect: str) -> None:
     backend = named(dialect)
     target = parse_url(URLS[dialect])
-    assert target.dialect == dialect and of(target) is backend
+    assert target.dialect == dialect and target.backend is backend and of(target) is backend
     for scheme in backend.schemes:
         rest = URLS[dialect].partition("://")[2]
         assert of(parse_url(f"{scheme}://{rest}")) is backend
@@ -202,8 +203,10 @@ def test_a_dialect_is_found_by_its_name_schemes_and_sqlalchemy_names(dialect: st
     assert target.sqlalchemy_dialect.partition("+")[0] in backend.sqlalchemy_names
     assert backend.ledger_class().dialect == dialect
     assert open_ledger(target).backend is backend  # nothing connects before a statement
-    ddl = list(schema.ddl(dialect))
+    ddl = list(schema.ddl(backend))
     assert any("CREATE TABLE IF NOT EXISTS once_runs" in sql for sql in ddl)
+    # A backend's own statements after the tables': PostgreSQL's stored claim alone.
+    assert any("CREATE OR REPLACE FUNCTION" in sql for sql in ddl) == (dialect == "postgresql")
 
 
 def test_no_scheme_and_no_name_is_held_twice() -> None:
@@ -213,9 +216,8 @@ def test_no_scheme_and_no_name_is_held_twice() -> None:
 
 
 def test_an_unknown_dialect_is_an_error_not_sqlite() -> None:
-    stranger = Target("oracle", "oracle://u@h/db", "oracle://u@h/db")  # type: ignore[arg-type]
-    for find in (lambda: of(stranger), lambda: open_ledger(stranger),
-                 lambda: named("oracle"), lambda: of_sqlalchemy("oracle")):
+    # A Target holds the backend its URL's scheme found: a name reaches the registry only here.
+    for find in (lambda: named("oracle"), lambda: of_sqlalchemy("oracle")):
         with pytest.raises(UnknownDialect, match="oracle") as caught:
             find()
         assert isinstance(caught.value, UrlError)  # a usage error, exit 2, as a bad URL

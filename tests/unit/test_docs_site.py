@@ -101,16 +101,16 @@ def test_the_reference_has_every_metric_column_and_json_key() -> None:
     metrics = (REFERENCE / "metrics.md").read_text(encoding="utf-8")
     for name, kind, _ in METRICS:
         assert f"| `{name}` | {kind} |" in metrics, name
-    from once.ledger import schema
+    from once.ledger.tables import metadata
 
     tables = (REFERENCE / "tables.md").read_text(encoding="utf-8")
-    for table in schema.metadata.tables.values():
+    for table in metadata.tables.values():
         assert f"## {table.name}\n" in tables, table.name
         assert set(columns.COLUMNS[table.name]) == {c.name for c in table.columns}, (
             f"once._docs.columns names other columns of {table.name} than the schema has")
         for col in table.columns:
             assert f"| `{col.name}` |" in tables, f"{table.name}.{col.name}"
-    assert set(columns.TABLES) == set(schema.metadata.tables)
+    assert set(columns.TABLES) == set(metadata.tables)
     text = (REFERENCE / "json.md").read_text(encoding="utf-8")
     for _, kind in documents.DOCUMENTS:
         for key in get_type_hints(kind):
@@ -139,12 +139,12 @@ def test_every_variable_the_pages_name_exists() -> None:
 
 
 def test_every_metric_table_and_index_the_pages_name_exists() -> None:
-    from once.ledger import schema
     from once.ledger.pg_claim import stored_claim
+    from once.ledger.tables import metadata
 
-    known = {name for name, _, _ in METRICS} | set(schema.metadata.tables) | {"once_job"}
-    known |= {str(i.name) for t in schema.metadata.tables.values() for i in t.indexes}
-    known |= {str(c.name) for t in schema.metadata.tables.values() for c in t.constraints
+    known = {name for name, _, _ in METRICS} | set(metadata.tables) | {"once_job"}
+    known |= {str(i.name) for t in metadata.tables.values() for i in t.indexes}
+    known |= {str(c.name) for t in metadata.tables.values() for c in t.constraints
               if isinstance(c.name, str)}  # once_attempts_claim_id, MySQL's CHECK
     known.add(stored_claim().name.rpartition("_")[0])  # PostgreSQL's once_claim_HASH
     for where, text in hand_pages().items():

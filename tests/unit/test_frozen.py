@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from once.ledger import Claim, Job, Target
+from once.ledger.dialects import named
 from once.periods import Period
 from once.run.flow import Result
 
@@ -58,7 +59,8 @@ def test_a_record_copies_and_pickles() -> None:
 
 
 def test_a_target_gets_its_own_connect_args() -> None:
-    a, b = Target("sqlite", "sqlite:///a", "sqlite:///a"), Target("sqlite", "sqlite:///b", "b")
+    sqlite = named("sqlite")
+    a, b = Target(sqlite, "sqlite:///a", "sqlite:///a"), Target(sqlite, "sqlite:///b", "b")
     assert a.connect_args == {} and a.connect_args is not b.connect_args
     with pytest.raises(TypeError):  # a dict field: unhashable, as the dataclass was
         hash(a)

@@ -152,16 +152,18 @@ def test_the_cli_holds_no_sql(module: str) -> None:
                    for m in _once_imports(module) if m != "once.ledger")
 
 
-HOT = ("once.cli", "once.cli.main", "once.cli.options", "once.api", "once.run.flow", "once.run.wrapper",
-       "once.run.machine", "once.run.guard", "once.run.lease", "once.run.relay", "once.run.child",
-       "once.run.attempt", "once.run.notify", "once.messages", "once.periods", "once.units",
-       "once.schedules", "once.stored", "once.gaps",
+HOT = ("once.cli", "once.cli.main", "once.cli.options", "once.api", "once.run.flow",
+       "once.run.wrapper", "once.run.machine", "once.run.guard", "once.run.lease",
+       "once.run.relay", "once.run.child", "once.run.attempt", "once.run.notify",
+       "once.messages", "once.periods", "once.units", "once.schedules", "once.stored",
+       "once.gaps",
        "once.ledger", "once.ledger.base", "once.ledger.url", "once.ledger.records",
-       "once.ledger.dialects", "once.ledger.errors", "once.ledger.sqlite",
+       "once.ledger.dialect", "once.ledger.dialects", "once.ledger.errors", "once.ledger.sqlite",
        "once.ledger.postgres", "once.ledger.pg_claim", "once.ledger.mysql",
        "once.ledger.connect", "once.ledger.watchdog", "once.ledger.gap_rows")
 # once.ledger.dbapi holds annotations alone: imported under TYPE_CHECKING, never run.
-COLD = ("sqlalchemy", "rich", "once.report", "once.ledger.schema", "once.ledger.upgrade",
+COLD = ("sqlalchemy", "rich", "once.report", "once.ledger.schema", "once.ledger.tables",
+        "once.ledger.upgrade",
         "once.ledger.history", "once.ledger.fleet", "once.ledger.rows", "once.ledger.dbapi",
         "once.ledger.prune", "once.ledger.engines", "once.serve", "once._docs", "once.cli.runs",
         "once.cli.reports", "once.cli.ledger_commands", "once.cli.lead")

@@ -317,7 +317,7 @@ def test_open_ledger_loads_only_the_urls_dialect() -> None:
     assert out[0] == "SqliteLedger"
     # The registry of dialects and their error rules are the stdlib's alone: no driver.
     assert set(out[1:]) == {"once.ledger.base", "once.ledger.gap_rows", "once.ledger.records",
-                            "once.ledger.dialects", "once.ledger.errors",
+                            "once.ledger.dialect", "once.ledger.dialects", "once.ledger.errors",
                             "once.ledger.sqlite", "once.ledger.url"}
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from once import gaps, periods, report
-from once.ledger import parse_url, schema
+from once.ledger import parse_url, schema, tables
 from once.periods import Period
 from once.schedules import schedule
 from once.stored import shard_keys
@@ -88,13 +88,13 @@ def seed_ledger(url: str, sched: object, shards: int, first: Period,
     eng = schema.engine(target)
     old = datetime(2000, 1, 1, tzinfo=UTC)  # every heartbeat is stale
     with eng.begin() as conn:
-        conn.execute(schema.jobs.insert().values(
+        conn.execute(tables.jobs.insert().values(
             job="j", fence=1, fire_count=1, kind=sched.kind, schedule=sched.spec,  # type: ignore[attr-defined]
             tz=sched.tz_name, lag=0, max_attempts=9, stale_after=300.0,  # type: ignore[attr-defined]
             first_period_start=first.start.astimezone(UTC), created_at=old, last_fired_at=old,
             shards=shards))
         if rows:
-            conn.execute(schema.runs.insert(), [
+            conn.execute(tables.runs.insert(), [
                 {"job": "j", "period": key, "status": status, "attempt": 1, "fence": 1,
                  "owner": "t", "period_start": p.start.astimezone(UTC),
                  "period_end": p.end.astimezone(UTC), "started_at": old, "heartbeat_at": old,

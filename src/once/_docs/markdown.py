@@ -1,6 +1,6 @@
 """The docs site's reference pages, docs/reference/*.md, from the same sources as the man
 page: the click definitions (commands, options, variables), the prose (exit statuses, the
-environment, files), the ledger's tables (once.ledger.schema, with once._docs.columns'
+environment, files), the ledger's tables (once.ledger.tables, with once._docs.columns'
 words), the JSON documents' typed definition (once.report.documents) and the metrics
 (once.report.metrics). `make man` writes them; tests/unit/test_docs_site.py fails when the
 committed pages differ from what this module makes.
@@ -197,17 +197,17 @@ def _cell(text: str) -> str:
 
 
 def tables_page() -> str:
-    from once.ledger import schema
+    from once.ledger import tables
     from once.ledger.dialects import named
 
     postgresql = named("postgresql").sqlalchemy()
-    out = [GENERATED.format(source="src/once/ledger/schema.py and src/once/_docs/columns.py"),
+    out = [GENERATED.format(source="src/once/ledger/tables.py and src/once/_docs/columns.py"),
            "# The ledger's tables", "",
            "Every time is a UTC instant from the database's clock: `timestamptz` on "
            "PostgreSQL, `DATETIME(6)` on MySQL/MariaDB, ISO text on SQLite. Keys compare byte "
            "for byte (binary collation on MySQL/MariaDB). `once schema --sql` prints the DDL "
            "for a URL's dialect.", ""]
-    for table in _table_order(schema):
+    for table in _table_order(tables):
         out += [f"## {table.name}", "", md(columns.TABLES[table.name]), "",
                 "| column | type (PostgreSQL) | null | meaning |", "| --- | --- | --- | --- |"]
         words = columns.COLUMNS[table.name]
@@ -244,9 +244,9 @@ STORED_CLAIM = (
     "once_claim_`*HASH*) is harmless.")
 
 
-def _table_order(schema: typing.Any) -> list[typing.Any]:
-    return [schema.runs, schema.attempts, schema.jobs, schema.meta, schema.leases,
-            schema.lead_terms, schema.lead_candidates]
+def _table_order(tables: typing.Any) -> list[typing.Any]:
+    return [tables.runs, tables.attempts, tables.jobs, tables.meta, tables.leases,
+            tables.lead_terms, tables.lead_candidates]
 
 
 def json_page() -> str:

@@ -24,7 +24,7 @@ def schema(db: str | None, db_password_file: str | None, namespace: str | None,
 
     target = open_target(db, db_password_file, anywhere=sql)  # --sql touches no ledger
     if sql:
-        for statement in ledger_schema.ddl(target.dialect):
+        for statement in ledger_schema.ddl(target.backend):
             click.echo(scrub(statement + ";\n"))
         return
     first_use(target)

@@ -1,12 +1,16 @@
 """The ledger: every SQL statement once sends, and nothing else holds SQL text.
 
 The hot path (`once run`) imports this package: it and the modules it imports (url, records,
-base, gap_rows) load no driver and no SQLAlchemy. `open_ledger` imports the one dialect module
-the URL names (sqlite, postgres or mysql), which loads its driver when it connects.
+dialect, dialects, base, gap_rows) load no driver and no SQLAlchemy. `open_ledger` imports the
+one dialect module the URL names (sqlite, postgres or mysql), which loads its driver when it
+connects.
 
-    url       where the ledger lives: Target, parse_url, redact, default_url, unnamed_url
-    dialects  the backends, one object each (how to connect, SQL fragments, instants, errors,
-              the schema lock, replication): REGISTRY, of(target); errors their error rules
+    url       where the ledger lives: Target (which holds its backend), redact, default_url,
+              unnamed_url, and each backend's URL parser
+    dialect   what every backend answers (how to connect, SQL fragments, instants, errors, the
+              schema lock, replication): Dialect; errors their error rules
+    dialects  the registry, above the rest: one Dialect each (Sqlite, Postgres, Mysql), the
+              only module that imports the backends' own; parse_url, REGISTRY, named
     connect   how a connection to a server is opened, for every path (the URL's hosts in turn)
     records   what it answers and how it fails: Job, Claim, LedgerError and the error rules
     base      the flow every dialect shares: Ledger (claim, renew, finish, state, reads)
@@ -15,8 +19,9 @@ the URL names (sqlite, postgres or mysql), which loads its driver when it connec
     rows      the rows the reports read, one record each (RunRow, JobRow) and their columns
     fleet     what the survey reads across jobs (`once status`, `check`, `once serve`), in plain
               SQL on the driver: no SQLAlchemy
-    sqlite, postgres, mysql   one dialect each, importing only its own driver
-    schema    the tables in SQLAlchemy Core, their DDL and upgrades (never on the hot path)
+    sqlite, postgres, mysql   one dialect's statements each, importing only its own driver
+    tables    the tables in SQLAlchemy Core (never on the hot path)
+    schema    their DDL and creation, upgrade an older ledger's steps (never on the hot path)
     prune     `once prune` (SQLAlchemy, never on the hot path)
     history   the attempts' reads of `once history`, `logs` and `metrics`, by name (SQLAlchemy,
               never on the hot path)
@@ -24,14 +29,15 @@ the URL names (sqlite, postgres or mysql), which loads its driver when it connec
               reads (schema version, clock), and their one missing-table rule
 
 Callers import the public names from here (`from once.ledger import Target, open_ledger`);
-schema, prune, history and engines are imported as modules, where they are needed.
+schema, prune, history and engines are imported as modules, where they are needed. The flow
+the backends share (base, url, connect, schema, upgrade, watchdog) never imports this package
+or the registry: it takes its backend from the target.
 """
 
 from __future__ import annotations
 
-from once.ledger import dialects
 from once.ledger.base import Ledger
-from once.ledger.dialects import UnknownDialect
+from once.ledger.dialects import UnknownDialect, parse_url
 from once.ledger.gap_rows import LedgerRows
 from once.ledger.records import (
     Claim,
@@ -49,7 +55,6 @@ from once.ledger.url import (
     UrlError,
     create_private,
     default_url,
-    parse_url,
     redact,
     unnamed_url,
 )
@@ -85,4 +90,4 @@ def open_ledger(target: Target, timeout: float = 10.0) -> Ledger:
 
 
 def _ledger_class(target: Target) -> type[Ledger]:
-    return dialects.of(target).ledger_class()  # UnknownDialect for a name none speaks
+    return target.backend.ledger_class()  # the registry's Dialect, which parse_url put there

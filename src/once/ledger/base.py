@@ -7,13 +7,14 @@ is bumped in the claim's own transaction; a renewal or a finish names its attemp
 `finish_on` marks the attempt's own once_attempts row, which no heartbeat writes.
 docs/concepts/ledger.md and docs/concepts/liveness.md say the rest.
 
-Imports the stdlib and the ledger's url, records, dialects and gap_rows alone: no driver (each
-dialect imports its own when it connects) and no SQLAlchemy (once.ledger.schema, only to create).
+Imports the stdlib and the ledger's records and gap_rows alone: no driver (each dialect imports
+its own when it connects), no SQLAlchemy (once.ledger.schema, only to create) and no backend:
+a ledger speaks through its target's (Target.backend, a once.ledger.dialect.Dialect), which
+the registry, once.ledger.dialects, put there.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -21,7 +22,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from once.deadlines import lease_now
-from once.ledger.dialects import named
 from once.ledger.gap_rows import LedgerRows
 from once.ledger.records import (
     SCHEMA_VERSION,
@@ -37,23 +37,14 @@ from once.ledger.records import (
     new_claim_id,
     newer_schema,
 )
-from once.ledger.url import Dialect, Target
 from once.outcomes import Status
 
 if TYPE_CHECKING:
     from once.ledger.dbapi import Connection, Params, Row
+    from once.ledger.url import Dialect, Target
 
 T = TypeVar("T")
 OutputLimit = tuple[int, str]  # at most this many bytes of a tail, and why (cut_tail's words)
-
-
-def schema_gate(integer: str) -> str:
-    """A condition that holds while the ledger's schema is not newer than this once's: every
-    write that starts something (a claim, `once state --set`) carries it in its own statement,
-    so that a ledger a newer once has upgraded refuses us at no extra round trip
-    (docs/how-to/upgrading.md). `integer`: the dialect's name for the cast."""
-    return (f"COALESCE((SELECT CAST(value AS {integer}) FROM once_meta "
-            f"WHERE name = 'schema_version'), 0) <= {SCHEMA_VERSION}")
 
 
 # -- the connection --------------------------------------------------------------------------
@@ -76,7 +67,7 @@ class Ledger:
         self.target = target
         self.statement_timeout = timeout
         self._conn: Connection | None = None
-        self.backend = named(self.dialect)  # its connections, instants and error rules
+        self.backend = target.backend  # its connections, instants and error rules
 
     # connection life
 
@@ -488,13 +479,3 @@ def _ours(job: str, key: str, claim: Claim) -> Params:
     failover lost the rows that used it)."""
     return {"job": job, "period": key, "attempt": claim.attempt, "claim_id": claim.claim_id}
 
-
-def shut_down(fd: int) -> None:
-    """Shut a connection's socket down under its driver: the pending read fails at once
-    (the watchdogs of PostgreSQL's statements and of once serve's reads)."""
-    import socket
-
-    with suppress(OSError):
-        sock = socket.socket(fileno=os.dup(fd))
-        sock.shutdown(socket.SHUT_RDWR)
-        sock.close()

@@ -11,7 +11,9 @@ hosts are tried here, in order: the first that accepts a connection wins, a host
 be reached, does not answer in time or turns the login down is skipped, and when none is
 left the error names each host and why.
 
-Imports only the stdlib and once.ledger's url and dialects; the driver when it connects.
+Imports only the stdlib; the driver when it connects. Which way a target connects is its
+backend's (Target.backend.connect, which calls postgres or mysql here): this module names no
+backend of its own accord, and the registry (once.ledger.dialects) imports it, never the reverse.
 """
 
 from __future__ import annotations
@@ -20,14 +22,12 @@ import math
 import re
 from typing import TYPE_CHECKING, Any, cast
 
-from once.ledger.dialects import of  # each backend's own way (postgres, mysql below)
-from once.ledger.url import Target
-
 if TYPE_CHECKING:
     import psycopg
     from psycopg.rows import TupleRow
 
     from once.ledger.dbapi import Connection, MysqlConnection
+    from once.ledger.url import Target
 
 
 def connect(target: Target, timeout: float, statements: float | None = None,
@@ -41,7 +41,7 @@ def connect(target: Target, timeout: float, statements: float | None = None,
     their callers (a watchdog, SET LOCAL statement_timeout).
     options: for the driver (autocommit=...).
     """
-    return of(target).connect(target, timeout, statements, **options)
+    return target.backend.connect(target, timeout, statements, **options)
 
 
 # -- PostgreSQL -----------------------------------------------------------------------------

@@ -1,38 +1,41 @@
-"""The backends once speaks, one object each: the one place that knows how a backend differs.
+"""The backends once speaks, one object each, and the registry that finds them: the one place
+that names every backend, above all that they share.
 
-A `Dialect` owns how to connect (the hot path's ledger class, the survey's read-only snapshot,
-the reports' and once serve's connections), the SQL fragments the shared statements leave to
-it, how an instant is bound and read back, how its driver's errors are read (once.ledger.errors:
-a retry or not, a table not there yet, a lost race), its schema lock and what it knows of
-replication. `REGISTRY` holds them by name; `of(target)` and `named(name)` find one, and a name
-none holds is an error (UnknownDialect, a usage error like a bad URL), never a fall-through.
-Adding a backend: one Dialect here (its error codes in errors), its statements in a module of
-its own (sqlite, postgres, mysql), its URL's parser in url.
+Each backend is a once.ledger.dialect.Dialect here (how it connects, its SQL fragments, its
+instants, its errors, its schema lock, its replication), whose methods import the backend's
+own modules when they are called (its statements, sqlite, postgres or mysql; its way of
+connecting, once.ledger.connect), downward: those modules, and the flow every backend shares
+(base, url, connect, schema, upgrade, watchdog), never import this one back. `parse_url`
+reads a URL into a Target that holds its backend (Target.backend), which is how the shared
+flow finds it. `REGISTRY` holds them by name; `named(name)`, `by_scheme` and `of_sqlalchemy`
+find one, and a name none holds is an error (UnknownDialect, a usage error like a bad URL),
+never a fall-through. Adding a backend: one Dialect here (its error codes in errors), its
+statements in a module of its own (sqlite, postgres, mysql), its URL's parser in url.
 
-Imports only the stdlib and once.ledger's url, records and errors: the hot path loads it
-(no driver, no SQLAlchemy; each method imports what it needs when it is called).
+Imports only the stdlib and once.ledger's url, dialect, records and errors: the hot path
+loads it (no driver, no SQLAlchemy, no backend's statements).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from once.ledger import errors
 from once.ledger import url as parsing
-from once.ledger.records import Failure, from_db_time
-from once.ledger.url import Target, UrlError
+from once.ledger.dialect import Dialect
+from once.ledger.records import from_db_time
+from once.ledger.url import Target, UrlError, check_port, path_url, redact
 
 if TYPE_CHECKING:
     import sqlite3
 
     import psycopg
     from psycopg.rows import TupleRow
-    from sqlalchemy.engine import Dialect as SqlalchemyDialect
 
     from once.ledger.base import Ledger
     from once.ledger.dbapi import Connection, MysqlConnection, Params, Row
@@ -40,175 +43,6 @@ if TYPE_CHECKING:
 
 class UnknownDialect(UrlError):
     """A dialect no backend of once speaks (a usage error, exit 2, as a bad URL)."""
-
-
-class Dialect:
-    """What every backend answers; the subclasses below say how each does it."""
-
-    name: ClassVar[str]  # as Target.dialect says it
-    title: ClassVar[str]  # as a message names it
-    # URL schemes (before any +driver), and the names SQLAlchemy gives its connections.
-    schemes: ClassVar[tuple[str, ...]]
-    spelled: ClassVar[tuple[str, ...]]  # the schemes a message offers
-    sqlalchemy_names: ClassVar[tuple[str, ...]]
-    rules: ClassVar[errors.Rules]
-    # Traits the shared code reads, never the name.
-    file: ClassVar[bool] = False  # a local file: absent until a first use creates it
-    text_times: ClassVar[bool] = False  # times stored as ISO text (SQLite)
-    standbys: ClassVar[bool] = False  # a session can tell it reads a standby (PostgreSQL)
-    # A commit may wait for a synchronous standby, for ever while none is up (PostgreSQL):
-    # the commits once sends outside the hot path are watched (once.ledger.watchdog).
-    synchronous_standbys: ClassVar[bool] = False
-    renames_by_change: ClassVar[bool] = False  # ALTER TABLE ... CHANGE/MODIFY, not RENAME
-    alters_columns: ClassVar[bool] = True  # ALTER TABLE changes a column (SQLite: remade)
-    lax_not_null: ClassVar[bool] = False  # a missing NOT NULL value may become '' (lax MySQL)
-    arrays: ClassVar[bool] = False  # binds a list as one array parameter (PostgreSQL)
-    # SQL fragments: the database's clock (one SELECT), and the end of a text column.
-    now_sql: ClassVar[str]
-    output_end_sql: ClassVar[str] = "right({column}, {n})"
-    # The statements that begin the survey's read-only snapshot on its own connection.
-    snapshot_begin: ClassVar[tuple[str, ...]] = ()
-    # The schema lock (once.ledger.schema): a session lock taken before the creation's
-    # transaction and released after its commit (take, release), or one the transaction
-    # takes and its end releases; a file's own write lock (begin_immediate) otherwise.
-    session_lock: ClassVar[tuple[str, str] | None] = None
-    transaction_lock: ClassVar[str | None] = None
-    begin_immediate: ClassVar[bool] = False
-    schema_connect_timeout: ClassVar[float] = 10.0
-
-    # -- connecting
-
-    def parse(self, url: str, password: str | None) -> Target:
-        """The target of a URL of one of `schemes` (once.ledger.url.parse_url)."""
-        raise NotImplementedError
-
-    def ledger_class(self) -> type[Ledger]:
-        """The hot path's ledger (its statements); only this backend's module is imported."""
-        raise NotImplementedError
-
-    def connect(self, target: Target, timeout: float, statements: float | None = None,
-                **options: Any) -> Connection:
-        """A new DB-API connection, as every path opens one (once.ledger.connect); options:
-        the driver's own keywords."""
-        raise NotImplementedError
-
-    def snapshot_connection(self, target: Target) -> Connection:
-        """A connection for the survey's read-only snapshot (once.ledger.fleet)."""
-        return self.connect(target, 10)
-
-    def report_connection(self, target: Target) -> Connection:
-        """A connection for the reports' SQLAlchemy engine (once.ledger.engines)."""
-        return self.connect(target, 10)
-
-    def serve_connection(self, target: Target, timeout: float) -> Connection:
-        """A connection for once serve: connect and statements bounded by about `timeout`
-        (whole seconds, at least 1)."""
-        whole = max(1, math.ceil(timeout))
-        return self.connect(target, whole, whole)
-
-    def snapshot_options(self, read_only: bool) -> dict[str, str | bool]:
-        """SQLAlchemy execution options of a report's snapshot."""
-        return {"isolation_level": "REPEATABLE READ",
-                **({"postgresql_readonly": True} if read_only else {})}
-
-    def read_only_begin(self, timeout: float) -> tuple[str, ...]:
-        """What makes a report's SQLAlchemy transaction read-only, each statement bounded by
-        about `timeout` on the server (once.ledger.engines.begin_read_only)."""
-        return ()
-
-    def absent(self, target: Target) -> bool:
-        """No ledger there yet, and connecting would create one (an empty file)."""
-        return False
-
-    def fetch(self, conn: Connection, sql: str, params: Params) -> list[Row]:
-        """A statement in the pyformat style on a DB-API connection, its rows."""
-        cur = conn.cursor()
-        try:
-            cur.execute(sql, params)
-            return [tuple(r) for r in cur.fetchall()]
-        finally:
-            cur.close()
-
-    def rollback(self, conn: Connection) -> None:
-        conn.rollback()
-
-    def socket_of(self, dbapi_conn: object) -> int | None:
-        """The connection's socket (once serve's watchdog shuts it down); None: no socket."""
-        return None
-
-    def lock_waits(self, seconds: float) -> tuple[str, ...]:
-        """What bounds each lock wait of a transaction that creates, upgrades or prunes the
-        ledger (its schema lock, a table's, a row's) by about `seconds`, sent first in it."""
-        return ()
-
-    def job_names(self, target: Target, timeout: float) -> list[str]:
-        """The job names shell completion offers: only what a local read can give at once."""
-        return []
-
-    def sqlalchemy_url(self, target: Target) -> str:
-        """SQLAlchemy's name of the dialect and driver once uses (a URL with no more in it:
-        once opens the connections itself, SQLAlchemy never reads the ledger's URL)."""
-        raise NotImplementedError
-
-    def sqlalchemy(self) -> SqlalchemyDialect:
-        """SQLAlchemy's dialect, to compile DDL (`once schema --sql`): SQLAlchemy is loaded."""
-        from sqlalchemy.dialects import registry
-
-        return cast("SqlalchemyDialect", registry.load(self.sqlalchemy_names[0])())
-
-    # -- SQL fragments
-
-    def output_end(self, column: str, n: int) -> str:
-        """The last `n` characters of a text column."""
-        return self.output_end_sql.format(column=column, n=n)
-
-    def quote(self, name: str) -> str:
-        """A column name the server may take for a keyword (`lag`)."""
-        return name
-
-    # -- instants
-
-    def bind(self, instant: datetime) -> datetime | str:
-        """An instant as the driver binds it for this backend's column: UTC, naive outside
-        PostgreSQL (SQLite: the text SQLAlchemy writes)."""
-        return instant.astimezone(UTC).replace(tzinfo=None)
-
-    def bind_typed(self, instant: datetime) -> datetime:
-        """An instant as SQLAlchemy's column type wants it bound: UTC, naive outside
-        PostgreSQL."""
-        return instant.astimezone(UTC).replace(tzinfo=None)
-
-    def from_db(self, value: Any) -> datetime:
-        """A time as the driver reads it, as an aware UTC datetime."""
-        return from_db_time(value)
-
-    # -- errors (once.ledger.errors)
-
-    def failure(self, exc: BaseException) -> Failure:
-        """Whether a retry may cure the driver's exception (LedgerError.failure)."""
-        return errors.failure(self.rules, exc)
-
-    def schema_missing(self, exc: BaseException, columns: bool = True) -> bool:
-        """The statement failed for a table (or, with `columns`, a column) not there yet."""
-        return errors.schema_missing(self.rules, exc, columns)
-
-    def lost_race(self, exc: BaseException) -> bool:
-        """A transaction another one's rolled back (a deadlock, a lock wait, a certification
-        Galera lost): read the row again, the other may have won."""
-        return errors.lost_race(self.rules, exc)
-
-    def read_timed_out(self, exc: BaseException) -> bool:
-        """The client's read timeout ended the statement: the server may have done it."""
-        return errors.read_timed_out(self.rules, exc)
-
-    def lock_waited(self, exc: BaseException) -> str:
-        """The lock another session held that the failed statement waited on until its bound
-        ("a row lock"; LedgerError.lock), or ""."""
-        return errors.lock_waited(self.rules, exc)
-
-    def made_elsewhere(self, exc: BaseException) -> bool:
-        """A creation or upgrade that met what another node made at the same moment."""
-        return errors.made_elsewhere(self.rules, exc)
 
 
 class Sqlite(Dialect):
@@ -223,7 +57,7 @@ class Sqlite(Dialect):
     schema_connect_timeout = 30.0  # the busy timeout: first uses queue on the write lock
 
     def parse(self, url: str, password: str | None) -> Target:
-        return parsing.sqlite_target(url)
+        return parsing.sqlite_target(url, self)
 
     def ledger_class(self) -> type[Ledger]:
         from once.ledger.sqlite import SqliteLedger
@@ -300,7 +134,7 @@ class Postgres(Dialect):
     transaction_lock = "SELECT pg_advisory_xact_lock(7310504102)"
 
     def parse(self, url: str, password: str | None) -> Target:
-        return parsing.postgres_target(url, password)
+        return parsing.postgres_target(url, password, self)
 
     def ledger_class(self) -> type[Ledger]:
         from once.ledger.postgres import PostgresLedger
@@ -340,6 +174,11 @@ class Postgres(Dialect):
     def bind_typed(self, instant: datetime) -> datetime:
         return instant.astimezone(UTC)
 
+    def extra_ddl(self) -> Iterator[str]:
+        from once.ledger.pg_claim import stored_claim  # optional: the claim a catch-up calls
+
+        yield stored_claim().create()
+
 
 class Mysql(Dialect):
     name, title = "mysql", "MySQL/MariaDB"
@@ -355,7 +194,7 @@ class Mysql(Dialect):
     session_lock = ("SELECT GET_LOCK('once_schema', 60)", "SELECT RELEASE_LOCK('once_schema')")
 
     def parse(self, url: str, password: str | None) -> Target:
-        return parsing.mysql_target(url, password)
+        return parsing.mysql_target(url, password, self)
 
     def ledger_class(self) -> type[Ledger]:
         from once.ledger.mysql import MysqlLedger
@@ -405,8 +244,8 @@ def named(name: str) -> Dialect:
 
 
 def of(target: Target) -> Dialect:
-    """The target's backend."""
-    return named(target.dialect)
+    """The target's backend (Target.backend, which parse_url put there)."""
+    return target.backend
 
 
 def by_scheme(scheme: str) -> Dialect | None:
@@ -427,6 +266,63 @@ def spoken(names: Callable[[Dialect], tuple[str, ...]] = lambda d: d.spelled) ->
     """The names of every backend, for a message: `sqlite, postgresql, mysql or mariadb`."""
     *rest, last = [n for d in REGISTRY.values() for n in names(d)]
     return f"{', '.join(rest)} or {last}"
+
+
+# -- URLs --------------------------------------------------------------------------------------
+
+
+def parse_url(url: str, password: str | None = None) -> Target:
+    """Read a SQLAlchemy-style URL; `password` (from --db-password-file) overrides the URL's.
+    Its refusal is scrubbed of the URL's secrets (once.secrets), for the Python API, which
+    raises it as it is; remembering them for every later message is the caller's (the
+    command line's open_target, once.claim), as a pure function remembers nothing. The
+    target holds the backend its scheme names (Target.backend)."""
+    try:
+        return _parse_url(url, password)
+    except UrlError as exc:
+        from once import secrets
+
+        exc.args = (secrets.scrub(str(exc), secrets.forms(url, password)),)
+        raise
+
+
+# Where a URL is no URL at all, nothing in it can be told from a password: it is not shown.
+_NOT_SHOWN = "not shown, as it may hold a password"
+
+
+def _parse_url(url: str, password: str | None) -> Target:
+    from once import secrets
+
+    scheme = url.partition("://")[0].lower()
+    base = scheme.split("+")[0]
+    if not url.isprintable():  # a control character, or bytes that are not UTF-8
+        raise UrlError(f"bad --db URL: it holds a control character or bytes that are not "
+                       f"UTF-8 ({_NOT_SHOWN})")
+    if "://" not in url:
+        if secrets.plain_path(url):  # ./once.db: a SQLite file, the easiest ledger to name
+            return named("sqlite").parse(path_url(url), password)
+        raise UrlError(f"bad --db URL: expected a file's path (./once.db), sqlite:///PATH, "
+                       f"postgresql://… or mysql://… (it has no '://'; {_NOT_SHOWN})")
+    if not secrets.is_scheme(scheme):
+        raise UrlError(f"bad --db URL: expected a file's path (./once.db), sqlite:///PATH, "
+                       f"postgresql://… or mysql://… "
+                       f"(what comes before '://' is no scheme; {_NOT_SHOWN})")
+    backend = by_scheme(base)
+    if backend is not None and backend.file and url.partition("://")[2].startswith("/"):
+        return backend.parse(url, password)  # sqlite:///PATH: no host urlsplit could refuse
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # [::1 without its bracket, [zz]: the host is malformed
+        raise UrlError(f"bad host in --db URL {redact(url)}: {exc}") from None
+    if backend is not None and backend.file:
+        return backend.parse(url, password)
+    for hostinfo in parts.netloc.rpartition("@")[2].split(","):  # host:port,host:port
+        check_port(hostinfo, url)
+    if backend is None:
+        raise UrlError(f"unsupported --db URL scheme '{scheme}': use {spoken()}")
+    return backend.parse(url, password)
 
 
 # -- SQLite's read-only connection -----------------------------------------------------------
@@ -460,11 +356,3 @@ def probe_sqlite(dbapi_conn: sqlite3.Connection) -> None:
     """Read from a new sqlite3 connection: raises when a read-only one cannot read (a WAL
     ledger whose shared-memory file it may not create)."""
     dbapi_conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-
-
-def socket_of(target: Target, dbapi_conn: object) -> int | None:
-    """The connection's socket, None when it has none or cannot say (once serve): any
-    object is asked (a SQLAlchemy connection's driver connection)."""
-    with suppress(Exception):
-        return of(target).socket_of(dbapi_conn)
-    return None

@@ -17,7 +17,8 @@ from typing import Any
 from sqlalchemy import Connection, Engine, event, select
 
 from once.ledger.dialects import of
-from once.ledger.schema import engine_on, meta
+from once.ledger.schema import engine_on
+from once.ledger.tables import meta
 from once.ledger.url import Target
 
 

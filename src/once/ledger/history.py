@@ -1,6 +1,6 @@
 """What the reports read of the attempts, by name: one job's schedule, attempts and the run
 rows that hold them (`once history JOB`, `once logs`, once serve's job and log pages), every
-job's latest attempts (`once history`), in SQLAlchemy Core over once.ledger.schema's tables.
+job's latest attempts (`once history`), in SQLAlchemy Core over once.ledger.tables.
 What the survey reads across jobs is once.ledger.fleet's (`once metrics`' counts too).
 
 Callers pass a connection and plain values and get rows or values back; they never build a
@@ -23,7 +23,7 @@ from sqlalchemy import (
     select,
 )
 
-from once.ledger import schema as tables
+from once.ledger import tables
 from once.ledger.dialects import of_sqlalchemy
 from once.ledger.engines import bind
 from once.ledger.records import from_db_time

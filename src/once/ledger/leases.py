@@ -23,12 +23,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from once.deadlines import lease_now
-from once.ledger.base import Ledger, schema_gate
-from once.ledger.records import LedgerError
+from once.ledger.base import Ledger
+from once.ledger.records import LedgerError, schema_gate
 
 if TYPE_CHECKING:
     from once.ledger.dbapi import Connection, Params, Row
-    from once.ledger.dialects import Dialect
+    from once.ledger.dialect import Dialect
 
 class _Transactional(Protocol):
     """What each dialect's ledger has beside the shared flow: one transaction, a cursor for
@@ -50,7 +50,7 @@ _UNTIL = {"postgresql": "statement_timestamp() + make_interval(secs => %(lease)s
                     "' seconds') || '000')"}
 
 
-# Every acquire carries the schema gate (once.ledger.base.schema_gate): a ledger a newer
+# Every acquire carries the schema gate (once.ledger.records.schema_gate): a ledger a newer
 # once has upgraded refuses it, as it refuses a claim.
 _GATE = {dialect: schema_gate(integer) for dialect, integer in
          (("postgresql", "integer"), ("mysql", "SIGNED"), ("sqlite", "INTEGER"))}

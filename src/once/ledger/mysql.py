@@ -13,7 +13,7 @@ from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, cast
 
 from once.deadlines import lease_now
-from once.ledger.base import Ledger, schema_gate
+from once.ledger.base import Ledger
 from once.ledger.records import (
     Claim,
     CommandDrift,
@@ -23,6 +23,7 @@ from once.ledger.records import (
     error_code,
     lost_claim,
     overlap_claim,
+    schema_gate,
     skew_refusal,
 )
 

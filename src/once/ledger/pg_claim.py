@@ -9,7 +9,7 @@ import re
 from functools import cache
 from typing import NamedTuple
 
-from once.ledger.base import schema_gate
+from once.ledger.records import schema_gate
 
 _GATE = schema_gate("integer")
 _STALE = "r.heartbeat_at < clock_timestamp() - make_interval(secs => r.stale_after)"

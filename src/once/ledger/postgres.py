@@ -14,7 +14,7 @@ from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from once.deadlines import lease_now
-from once.ledger.base import Ledger, schema_gate
+from once.ledger.base import Ledger
 from once.ledger.pg_claim import CLAIM, CLAIM_PLAIN, FIND_STORED_CLAIM, stored_claim
 from once.ledger.records import (
     Claim,
@@ -24,6 +24,7 @@ from once.ledger.records import (
     lost_claim,
     overlap_claim,
     read_only_server,
+    schema_gate,
     skew_refusal,
 )
 from once.ledger.url import Target

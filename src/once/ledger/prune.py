@@ -7,9 +7,9 @@ moves up to what it still has, so that the pruned periods are not called missing
 goes with its run row, so that a pruned period claimed again at attempt 1 collides with
 nothing. docs/concepts/ledger.md and docs/reference/commands.md "once prune" say the rest.
 
-Imports SQLAlchemy and once.ledger.schema (never on the hot path). Which periods are gaps is
-the reports' rule, not the ledger's: the caller hands it in (`oldest_gaps`, in `once prune`
-once.report.oldest_gaps), so that the ledger package never imports the reports.
+Imports SQLAlchemy, once.ledger.schema and tables (never on the hot path). Which periods are
+gaps is the reports' rule, not the ledger's: the caller hands it in (`oldest_gaps`, in `once
+prune` once.report.oldest_gaps), so that the ledger package never imports the reports.
 """
 
 from __future__ import annotations
@@ -41,15 +41,13 @@ from once.ledger.fleet import Snapshot
 from once.ledger.rows import STATE_PERIOD
 from once.ledger.schema import (
     SCHEMA_VERSION,
-    attempts,
     bound_lock_waits,
     commit,
     engine,
     ensure,
-    jobs,
-    runs,
     unconfirmed,
 )
+from once.ledger.tables import attempts, jobs, runs
 
 # The statement timeout whose limits bound the prune's commit (once.ledger.watchdog.limits):
 # the default --stale-after's.

@@ -31,6 +31,15 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 5
 
 
+def schema_gate(integer: str) -> str:
+    """A condition that holds while the ledger's schema is not newer than this once's: every
+    write that starts something (a claim, `once state --set`) carries it in its own statement,
+    so that a ledger a newer once has upgraded refuses us at no extra round trip
+    (docs/how-to/upgrading.md). `integer`: the dialect's name for the cast."""
+    return (f"COALESCE((SELECT CAST(value AS {integer}) FROM once_meta "
+            f"WHERE name = 'schema_version'), 0) <= {SCHEMA_VERSION}")
+
+
 def from_db_time(value: datetime) -> datetime:
     """A time as a driver hands it back, as an aware UTC datetime: SQLite and MySQL give
     naive UTC, PostgreSQL an aware time in the session's zone."""

@@ -187,7 +187,7 @@ def _postgres_hosts(target: Target) -> list[tuple[str, Target]]:
         where = str(one["host"] or one["hostaddr"] or "localhost")
         label = f"{f'[{where}]' if ':' in where else where}:{one['port'] or 5432}"
         conninfo = make_conninfo("", **{k: v for k, v in one.items() if v not in (None, "")})
-        found.append((label, Target("postgresql", target.url, label,
+        found.append((label, Target(target.backend, target.url, label,
                                     {**target.connect_args, "conninfo": conninfo})))
     return found
 

@@ -90,7 +90,7 @@ def mysql_hosts(target: Target) -> list[tuple[str, Target]]:
     found = []
     for host, port in target.hosts:
         label = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        found.append((label, Target("mysql", target.url, label,
+        found.append((label, Target(target.backend, target.url, label,
                                     {**target.connect_args, "host": host, "port": port},
                                     hosts=((host, port),))))
     return found

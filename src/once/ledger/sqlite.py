@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from once.deadlines import lease_now
-from once.ledger.base import Ledger, schema_gate
+from once.ledger.base import Ledger
 from once.ledger.records import (
     Claim,
     CommandDrift,
@@ -27,6 +27,7 @@ from once.ledger.records import (
     cappable,
     lost_claim,
     overlap_claim,
+    schema_gate,
 )
 from once.ledger.url import create_private, default_url
 

@@ -1,21 +1,26 @@
 """The upgrade of an older ledger to SCHEMA_VERSION, step by step (docs/how-to/upgrading.md), in
-the transaction and under the lock of once.ledger.schema's creation, which calls it.
+the transaction and under the lock of once.ledger.schema's creation, which calls it with the
+ledger's backend (a once.ledger.dialect.Dialect: the traits that say how its DDL differs).
 
-Imports SQLAlchemy and once.ledger.schema's tables: never on the hot path.
+Imports SQLAlchemy and once.ledger.tables: never on the hot path.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.schema import CreateColumn
 
-from once.ledger.dialects import of_sqlalchemy
 from once.ledger.records import SCHEMA_VERSION, newer_schema
-from once.ledger.schema import BEFORE_5, attempts, jobs, meta, metadata, runs
+from once.ledger.tables import BEFORE_5, attempts, jobs, meta, metadata, runs
+
+if TYPE_CHECKING:
+    from once.ledger.dialect import Dialect
 
 
-def upgrade(conn: Connection) -> None:
+def upgrade(conn: Connection, backend: Dialect) -> None:
     """Bring an older schema up to SCHEMA_VERSION, one numbered step at a time.
 
     MySQL commits each DDL statement on its own: an upgrade killed half-way keeps the steps
@@ -41,10 +46,10 @@ def upgrade(conn: Connection) -> None:
             meta.update().where(meta.c.name == "schema_version").values(value=str(SCHEMA_VERSION))
         )
     if since < 5:
-        _gate_older_claims(conn)
-    _require_claim_ids(conn)
+        _gate_older_claims(conn, backend)
+    _require_claim_ids(conn, backend)
     _add_missing(conn)
-    if of_sqlalchemy(conn.dialect.name).text_times:
+    if backend.text_times:
         _pad_sqlite_years(conn)
     if since < 3:
         _keep_unstored_promises(conn)
@@ -52,17 +57,12 @@ def upgrade(conn: Connection) -> None:
         conn.execute(meta.delete().where(meta.c.name == "upgrade_from"))
 
 
-def _mysql(conn: Connection) -> bool:
-    """MySQL or MariaDB: ALTER TABLE ... CHANGE and MODIFY."""
-    return of_sqlalchemy(conn.dialect.name).renames_by_change
-
-
 # Schema 5's renames: (old, new, the column's MySQL type for CHANGE).
 _RENAMED = (("fires", "fire_count", "BIGINT NOT NULL"),
             ("last_fire_at", "last_fired_at", "DATETIME(6) NOT NULL"))
 
 
-def _gate_older_claims(conn: Connection) -> None:
+def _gate_older_claims(conn: Connection, backend: Dialect) -> None:
     """Schema 5: once_jobs.fires becomes fire_count, last_fire_at last_fired_at. Every claim
     of an older once names `fires`, every older `once prune` reads `last_fire_at` first: it
     meets a missing column, and the claim reads the version through its own upgrade path and
@@ -73,13 +73,13 @@ def _gate_older_claims(conn: Connection) -> None:
     for old, new, mysql_type in _RENAMED:
         if old not in present:
             continue
-        if _mysql(conn):  # CHANGE: MariaDB before 10.5 has no RENAME COLUMN
+        if backend.renames_by_change:  # CHANGE: MariaDB before 10.5 has no RENAME COLUMN
             conn.execute(text(f"ALTER TABLE once_jobs CHANGE {old} {new} {mysql_type}"))
         else:
             conn.execute(text(f"ALTER TABLE once_jobs RENAME COLUMN {old} TO {new}"))
 
 
-def _require_claim_ids(conn: Connection) -> None:
+def _require_claim_ids(conn: Connection, backend: Dialect) -> None:
     """Schema 5: once_attempts.claim_id NOT NULL with no default (and, on MySQL/MariaDB, not
     ''), so that an older `once state --set`, whose record of the change names no claim_id,
     is refused with nothing written (its change of the watermark is in the same transaction,
@@ -91,11 +91,11 @@ def _require_claim_ids(conn: Connection) -> None:
     was made nullable (schema 5 as first written) is tightened the same way. SQLite cannot
     change a column: the table is made again."""
     column = {c["name"]: c for c in inspect(conn).get_columns("once_attempts")}.get("claim_id")
-    if not of_sqlalchemy(conn.dialect.name).alters_columns:
+    if not backend.alters_columns:
         if column is None or column["nullable"] or column["default"] is not None:
             _remake_sqlite_attempts(conn)
         return
-    mysql = _mysql(conn)
+    mysql = backend.renames_by_change  # MySQL or MariaDB: ALTER TABLE ... CHANGE and MODIFY
     has_default = column is not None and column["default"] is not None
     if column is None:
         conn.execute(text("ALTER TABLE once_attempts ADD COLUMN claim_id VARCHAR(32) NOT NULL "
@@ -111,7 +111,7 @@ def _require_claim_ids(conn: Connection) -> None:
         else:
             conn.execute(text("ALTER TABLE once_attempts ALTER COLUMN claim_id SET NOT NULL"))
     steps = ["ALTER COLUMN claim_id DROP DEFAULT"] if has_default else []
-    if of_sqlalchemy(conn.dialect.name).lax_not_null and "once_attempts_claim_id" not in {
+    if backend.lax_not_null and "once_attempts_claim_id" not in {
             c["name"] for c in inspect(conn).get_check_constraints("once_attempts")}:
         # An older state --set on a server without strict mode, between the steps: ''.
         conn.execute(text(f"UPDATE once_attempts SET claim_id = '{BEFORE_5}' "

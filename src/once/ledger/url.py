@@ -2,7 +2,9 @@
 embedded default (a private SQLite file under $XDG_STATE_HOME/once/), which is refused in a
 container, where it would be the container's own.
 
-Imports only the stdlib, once.limits and once.frozen: parse_url runs on every fire, and a bad
+The parsers here read the rest of a URL once its scheme has named the backend (the registry,
+once.ledger.dialects.parse_url, picks it), and the Target they make holds that backend.
+Imports only the stdlib, once.limits and once.frozen: a URL is read on every fire, and a bad
 URL is a usage error (exit 2) before any driver is loaded. urllib.parse (and the ipaddress
 module it loads) is imported only for a URL with a host: a SQLite path has none to check.
 """
@@ -11,10 +13,13 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from once import limits
 from once.frozen import Frozen
+
+if TYPE_CHECKING:
+    from once.ledger.dialect import Dialect as Backend
 
 Dialect = Literal["sqlite", "postgresql", "mysql"]
 
@@ -24,33 +29,39 @@ class UrlError(limits.InputError):
 
 
 class Target(Frozen):
-    """A parsed --db URL: which driver, how to connect, and how to name it in messages.
+    """A parsed --db URL: which backend speaks it, how to connect, and how to name it in
+    messages.
 
+    backend: the once.ledger.dialect.Dialect of its scheme, the one every part that connects,
+    binds an instant or reads an error asks (it is the registry's, once.ledger.dialects).
     connect_args: PostgreSQL, libpq's conninfo (the URL, host list and all) and the password
     of --db-password-file; MySQL/MariaDB, PyMySQL's arguments for the first of `hosts`, the
     servers to try in order (once.ledger.connect opens every connection).
     """
 
-    dialect: Dialect
+    backend: Backend
     url: str
     redacted: str
     connect_args: dict[str, Any]
     path: str  # SQLite only
     hosts: tuple[tuple[str, int], ...]  # MySQL/MariaDB only
 
-    def __init__(self, dialect: Dialect, url: str, redacted: str,
+    def __init__(self, backend: Backend, url: str, redacted: str,
                  connect_args: dict[str, Any] | None = None, path: str = "",
                  hosts: tuple[tuple[str, int], ...] = ()) -> None:
-        self._set(dialect=dialect, url=url, redacted=redacted,
+        self._set(backend=backend, url=url, redacted=redacted,
                   connect_args={} if connect_args is None else connect_args, path=path,
                   hosts=hosts)
 
     @property
+    def dialect(self) -> Dialect:
+        """The backend's name: sqlite, postgresql or mysql."""
+        return cast(Dialect, self.backend.name)
+
+    @property
     def sqlalchemy_dialect(self) -> str:
         """SQLAlchemy's name of the dialect and driver once uses (Dialect.sqlalchemy_url)."""
-        from once.ledger.dialects import of  # it imports this module
-
-        return of(self).sqlalchemy_url(self)
+        return self.backend.sqlalchemy_url(self)
 
 
 def default_url() -> str:
@@ -117,62 +128,7 @@ def create_private(target: Target) -> bool:
     return True
 
 
-def parse_url(url: str, password: str | None = None) -> Target:
-    """Read a SQLAlchemy-style URL; `password` (from --db-password-file) overrides the URL's.
-    Its refusal is scrubbed of the URL's secrets (once.secrets), for the Python API, which
-    raises it as it is; remembering them for every later message is the caller's (the
-    command line's open_target, once.claim), as a pure function remembers nothing."""
-    try:
-        return _parse_url(url, password)
-    except UrlError as exc:
-        from once import secrets
-
-        exc.args = (secrets.scrub(str(exc), secrets.forms(url, password)),)
-        raise
-
-
-# Where a URL is no URL at all, nothing in it can be told from a password: it is not shown.
-_NOT_SHOWN = "not shown, as it may hold a password"
-
-
-def _parse_url(url: str, password: str | None) -> Target:
-    from once import secrets
-
-    scheme = url.partition("://")[0].lower()
-    base = scheme.split("+")[0]
-    if not url.isprintable():  # a control character, or bytes that are not UTF-8
-        raise UrlError(f"bad --db URL: it holds a control character or bytes that are not "
-                       f"UTF-8 ({_NOT_SHOWN})")
-    if "://" not in url:
-        if secrets.plain_path(url):  # ./once.db: a SQLite file, the easiest ledger to name
-            return sqlite_target(path_url(url))
-        raise UrlError(f"bad --db URL: expected a file's path (./once.db), sqlite:///PATH, "
-                       f"postgresql://… or mysql://… (it has no '://'; {_NOT_SHOWN})")
-    if not secrets.is_scheme(scheme):
-        raise UrlError(f"bad --db URL: expected a file's path (./once.db), sqlite:///PATH, "
-                       f"postgresql://… or mysql://… "
-                       f"(what comes before '://' is no scheme; {_NOT_SHOWN})")
-    from once.ledger.dialects import by_scheme, spoken  # it imports this module
-
-    backend = by_scheme(base)
-    if backend is not None and backend.file and url.partition("://")[2].startswith("/"):
-        return backend.parse(url, password)  # sqlite:///PATH: no host urlsplit could refuse
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:  # [::1 without its bracket, [zz]: the host is malformed
-        raise UrlError(f"bad host in --db URL {redact(url)}: {exc}") from None
-    if backend is not None and backend.file:
-        return backend.parse(url, password)
-    for hostinfo in parts.netloc.rpartition("@")[2].split(","):  # host:port,host:port
-        _check_port(hostinfo, url)
-    if backend is None:
-        raise UrlError(f"unsupported --db URL scheme '{scheme}': use {spoken()}")
-    return backend.parse(url, password)
-
-
-def _check_port(hostinfo: str, url: str) -> None:
+def check_port(hostinfo: str, url: str) -> None:
     """A port, when the URL gives one, is a number from 1 to 65535 (each host's, in a list):
     else the driver fails on `host:` with a traceback, or takes `host:x` for a host name."""
     if hostinfo.startswith("["):  # [::1]:5432
@@ -219,7 +175,7 @@ def path_url(path: str) -> str:
     return "sqlite:///" + os.path.abspath(os.path.expanduser(path))
 
 
-def sqlite_target(url: str) -> Target:
+def sqlite_target(url: str, backend: Backend) -> Target:
     path = url.partition("://")[2]
     if not path.startswith("/"):
         raise UrlError(f"bad SQLite URL '{redact(url)}': write sqlite:///relative/path or "
@@ -234,10 +190,10 @@ def sqlite_target(url: str) -> Target:
     if os.path.isdir(path):  # SQLite's own word would be "unable to open database file"
         raise UrlError(f"--db {path}: a directory, not a SQLite file; name a file in it "
                        f"({os.path.join(path, 'once.db')})")
-    return Target("sqlite", url, url, path=path)
+    return Target(backend, url, url, path=path)
 
 
-def postgres_target(url: str, password: str | None) -> Target:
+def postgres_target(url: str, password: str | None, backend: Backend) -> Target:
     # libpq reads the URL itself (host=/socket, sslmode=…, a host list and friends keep
     # working); only the SQLAlchemy driver suffix has to go.
     from urllib.parse import urlsplit
@@ -250,7 +206,7 @@ def postgres_target(url: str, password: str | None) -> Target:
     args: dict[str, Any] = {"conninfo": conninfo}
     if password is not None:
         args["password"] = password
-    return Target("postgresql", url, redact(url), args)
+    return Target(backend, url, redact(url), args)
 
 
 def _check_one_host_list(url: str) -> None:
@@ -282,7 +238,7 @@ def _check_mysql_query(query: dict[str, str], url: str) -> None:
             raise UrlError(f"?{key}={query[key]} in {redact(url)}: no readable file there")
 
 
-def mysql_target(url: str, password: str | None) -> Target:
+def mysql_target(url: str, password: str | None, backend: Backend) -> Target:
     from urllib.parse import parse_qsl, unquote, urlsplit
 
     parts = urlsplit(url)
@@ -316,12 +272,12 @@ def mysql_target(url: str, password: str | None) -> Target:
     ssl = {k[4:]: v for k, v in query.items() if k.startswith("ssl_")}
     if ssl:
         args["ssl"] = ssl
-    return Target("mysql", url, redact(url), args, hosts=hosts)
+    return Target(backend, url, redact(url), args, hosts=hosts)
 
 
 def _mysql_hosts(hostinfo: str, url: str) -> tuple[tuple[str, int], ...]:
     """The URL's servers in order, `h1:3311,[::1]:3312,h3` (port 3306 where none is given;
-    localhost for a URL that names none). Each port was checked by _check_port."""
+    localhost for a URL that names none). Each port was checked by check_port."""
     entries = hostinfo.split(",")
     hosts = []
     for entry in entries:

@@ -4,8 +4,8 @@ its connection's socket down at its second), of the commits that create, upgrade
 ledger (watched_commit: the same limits), and of one whole read of `once serve`
 (ReadWatchdog: its connection's socket shut down when the read outlasts its time).
 
-Imports only the stdlib, the lease clock and its statements' bound (once.deadlines), and
-once.ledger's base (the socket's shutdown) and dialects (a connection's socket).
+Imports only the stdlib and the lease clock and its statements' bound (once.deadlines): a
+connection's socket is its target's backend's to find (Dialect.socket_of).
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from once.deadlines import lease_now, statement_bound
-from once.ledger.base import shut_down
-from once.ledger.dialects import socket_of
-from once.ledger.url import Target
 
 if TYPE_CHECKING:
     import psycopg
+
+    from once.ledger.url import Target
 
 
 def cancel(conn: psycopg.Connection[Any], timeout: float) -> None:
@@ -177,7 +176,7 @@ class ReadWatchdog:
         self.timer: threading.Timer | None = None
 
     def arm(self, dbapi_conn: object) -> None:
-        fd = socket_of(self.target, dbapi_conn)
+        fd = _socket_of(self.target, dbapi_conn)
         if fd is None:
             return
         self.timer = threading.Timer(self.timeout + 1.0, self._fire, (fd,))
@@ -195,3 +194,22 @@ class ReadWatchdog:
             self.done = True
         if self.timer is not None:
             self.timer.cancel()
+
+
+def _socket_of(target: Target, dbapi_conn: object) -> int | None:
+    """The connection's socket, None when it has none or cannot say: any object is asked (a
+    SQLAlchemy connection's driver connection)."""
+    with suppress(Exception):
+        return target.backend.socket_of(dbapi_conn)
+    return None
+
+
+def shut_down(fd: int) -> None:
+    """Shut a connection's socket down under its driver: the pending read fails at once
+    (the watchdogs of PostgreSQL's statements and of once serve's reads)."""
+    import socket
+
+    with suppress(OSError):
+        sock = socket.socket(fileno=os.dup(fd))
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
