@@ -2,13 +2,17 @@
 
 Read from the source with ast, nothing imported: every `import` and `from ... import` of every
 module, at its top or inside a function (a lazy import is still a dependency). The hot path's
-rule at run time (what `once run` really loads) is tests/acceptance/test_hot_path.py.
+rule at run time (what `once run` really loads) is tests/acceptance/test_hot_path.py. No
+module imports one that imports it back, however far round (test_no_import_cycle): there the
+imports under `if TYPE_CHECKING:` are left out, as only a type checker reads them (a record and
+the backend it holds may name each other in annotations).
 """
 
 from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -35,6 +39,7 @@ class Import:
     module: str  # the imported module, absolute
     names: tuple[str, ...]  # for `from module import a, b`; () for `import module`
     top: bool  # at module level (paid at import time), or inside a function
+    typing_only: bool = False  # under `if TYPE_CHECKING:`: read by a type checker, never run
 
 
 def _name(path: Path) -> str:
@@ -55,23 +60,31 @@ def imports(module: str) -> tuple[Import, ...]:
     tree = ast.parse(path.read_text(), str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     top = set(map(id, tree.body))
+    typing = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
+              and "TYPE_CHECKING" in ast.unparse(node.test)
+              for statement in node.body for inner in ast.walk(statement)}
     found: list[Import] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [Import(a.name, (), id(node) in top) for a in node.names]
+            found += [Import(a.name, (), id(node) in top, id(node) in typing)
+                      for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
                                 + ([base] if base else []))
-            found.append(Import(base, tuple(a.name for a in node.names), id(node) in top))
+            found.append(Import(base, tuple(a.name for a in node.names), id(node) in top,
+                                id(node) in typing))
     return tuple(found)
 
 
-def _once_imports(module: str) -> set[str]:
-    """The modules of once that `module` imports (a `from once.run import x` names once.run.x)."""
+def _once_imports(module: str, typing: bool = True) -> set[str]:
+    """The modules of once that `module` imports (a `from once.run import x` names once.run.x);
+    without `typing`, only those it imports when it runs."""
     found = set()
     for imp in imports(module):
+        if imp.typing_only and not typing:
+            continue
         if imp.module == "once" or _in(imp.module, "once"):
             # `from once.run import guard` names the module once.run.guard, not the package.
             named = {f"{imp.module}.{n}" for n in imp.names if f"{imp.module}.{n}" in modules()}
@@ -89,6 +102,69 @@ def test_the_graph_is_read() -> None:
         modules())
     assert "once.ledger" in _once_imports("once.run.flow")
     assert any(i.module == "sqlalchemy" for i in imports("once.ledger.schema"))
+
+
+# -- no cycle ----------------------------------------------------------------------------------
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of once and those it imports when it runs: at its top or inside a function
+    (a lazy import is a dependency all the same), not those under `if TYPE_CHECKING:`."""
+    return {module: _once_imports(module, typing=False) - {module} for module in modules()}
+
+
+def cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The graph's cycles: each set of two or more modules that all reach one another (its
+    strongly connected components, Tarjan's), each sorted, in order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for after in graph.get(node, ()):
+            if after not in index:
+                visit(after)
+                low[node] = min(low[node], low[after])
+            elif after in stack:
+                low[node] = min(low[node], index[after])
+        if low[node] == index[node]:
+            component = stack[stack.index(node):]
+            del stack[stack.index(node):]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_the_cycle_finder_finds_every_cycle_and_nothing_else() -> None:
+    # The test of test_no_import_cycle's finder: a knot of three, a pair, and modules that
+    # only lead into them or out of them.
+    graph = {"a": {"b"}, "b": {"c", "d"}, "c": {"a"}, "d": set(), "e": {"f", "d"},
+             "f": {"e"}, "g": {"a", "e"}}
+    assert cycles(graph) == [["a", "b", "c"], ["e", "f"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_the_import_graph_counts_lazy_imports_and_leaves_out_typing_ones() -> None:
+    graph = import_graph()
+    assert "once.run.backfill" in graph["once.cli.main"]  # inside `run`: only with --catchup
+    assert "once.run.keeper" in _once_imports("once.run.flow")
+    assert "once.run.keeper" not in graph["once.run.flow"]  # under TYPE_CHECKING alone
+    # One lazy import back, as flow had backfill's before: the finder names the pair.
+    knotted = {**graph, "once.run.flow": graph["once.run.flow"] | {"once.run.backfill"}}
+    assert ["once.run.backfill", "once.run.flow"] in cycles(knotted)
+
+
+def test_no_import_cycle() -> None:
+    found = cycles(import_graph())
+    assert not found, "import cycles (a module imports one that imports it back, at its top " \
+        "or inside a function): " + "; ".join(" <-> ".join(c) for c in found)
 
 
 @pytest.mark.parametrize("module", ["once.periods", "once.units", "once.cron", "once.schedules"])
@@ -135,6 +211,25 @@ def test_the_ledger_imports_no_part_above_it(module: str) -> None:
     # No report, runner or command: what a gap is, prune is handed by its caller.
     above = {m for m in _once_imports(module) if not _in(m, "once.ledger")} - BELOW_THE_LEDGER
     assert not above, f"{module} imports {sorted(above)}"
+
+
+# The ledger's backends hang off the flow they share: the registry (dialects) and each
+# backend's own modules import it, never the reverse; the shared flow takes its backend from
+# the target (Target.backend). docs/contributing.md "The ledger package".
+LEDGER_SHARED = ("once.ledger.base", "once.ledger.url", "once.ledger.connect",
+                 "once.ledger.dialect", "once.ledger.tables", "once.ledger.schema",
+                 "once.ledger.upgrade", "once.ledger.watchdog", "once.ledger.records",
+                 "once.ledger.errors", "once.ledger.gap_rows", "once.ledger.rows",
+                 "once.ledger.dbapi")
+LEDGER_BACKENDS = ("once.ledger", "once.ledger.dialects", "once.ledger.sqlite",
+                   "once.ledger.postgres", "once.ledger.pg_claim", "once.ledger.mysql")
+
+
+@pytest.mark.parametrize("module", LEDGER_SHARED)
+def test_the_shared_ledger_flow_imports_no_backend(module: str) -> None:
+    backends = _once_imports(module) & set(LEDGER_BACKENDS)  # annotations' imports too
+    assert not backends, (f"{module} imports {sorted(backends)}: it takes its backend from "
+                          "the target (Target.backend) or its caller")
 
 
 @pytest.mark.parametrize("module", ["once.gaps", "once.stored"])
