@@ -131,7 +131,9 @@ class CheckFinding(TypedDict):
     period: Annotated[str | None, "the period's key; null for the job as a whole"]
     problem: Annotated[str, "`missing`, `failed`, `failed-out`, `stale`, `overrun`, "
                        "`unreadable` (a stored schedule that cannot be rebuilt), `unknown`, "
-                       "`empty`, `standby` or `leaderless` (a lead name without a leader "
+                       "`empty`, `standby`, `not-ready` (a server that cannot answer for the "
+                       "ledger: a Galera node outside the Primary component) or "
+                       "`leaderless` (a lead name without a leader "
                        "past its lease plus `--grace`)"]
     detail: Annotated[str | None, "what the line says in parentheses"]
     line: Annotated[str, "the finding as `once check` prints it"]
