@@ -9,8 +9,9 @@ connects.
               unnamed_url, and each backend's URL parser
     dialect   what every backend answers (how to connect, SQL fragments, instants, errors, the
               schema lock, replication): Dialect; errors their error rules
-    dialects  the registry, above the rest: one Dialect each (Sqlite, Postgres, Mysql), the
-              only module that imports the backends' own; parse_url, REGISTRY, named
+    dialects  the registry, above the flow the backends share: one Dialect each (Sqlite,
+              Postgres, Mysql), whose methods import that backend's own modules when they
+              need them; parse_url, REGISTRY, named
     connect   how a connection to a server is opened, for every path (the URL's hosts in turn)
     records   what it answers and how it fails: Job, Claim, LedgerError and the error rules
     base      the flow every dialect shares: Ledger (claim, renew, finish, state, reads)
