@@ -206,8 +206,8 @@ PROMPT = re.compile(r"^(?:\$ )?(?:[A-Z_]+=\S+ )*once (\S+)")
 def page_commands() -> list[tuple[str, list[str]]]:
     """Every `once COMMAND ...` line of a code block in the README and the docs (a `$ `
     prompt, `NAME=value` prefixes and `\\` continuations allowed), split as the shell would;
-    lines with a placeholder (`[...]`, `<...>`, `…`, `|` alternatives) are synopses, not
-    examples."""
+    lines with a placeholder (`[...]`, `<...>`, `…`, `|` alternatives, an option's value in
+    one capital letter: `--period P`) are synopses, not examples."""
     found = []
     for path in markdown_pages():
         for n, block in code_blocks(path):
@@ -219,7 +219,8 @@ def page_commands() -> list[tuple[str, list[str]]]:
                 match = PROMPT.match(row.strip())
                 if not match or match.group(1) not in cli.commands:
                     continue
-                if re.search(r"\[|\]|<[A-Za-z]|…|\.\.\.|\bSPEC\b|\bJOB\b|\bURL\b", row):
+                if re.search(r"\[|\]|<[A-Za-z]|…|\.\.\.|\bSPEC\b|\bJOB\b|\bURL\b|"
+                             r"\s--[a-z-]+ [A-Z]\b", row):  # --period P: a placeholder too
                     continue
                 row = re.sub(r"\)(?=\s*(\|\||&&|;|$))", "", row)  # the end of a $(...)
                 row = re.sub(r"\s[12]?>\s*\S+", "", row)  # redirections

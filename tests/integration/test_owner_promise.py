@@ -66,15 +66,16 @@ def test_a_shorter_stale_after_cannot_take_over_a_live_owner(
         other = run_once(*args, "--", "touch", str(tmp_path / "second"), env=env)
         assert other.returncode == 0, other.stderr
         assert not (tmp_path / "second").exists(), "a live owner was taken over"
-        if caller == "run":
-            assert "held by" in other.stderr and "stale after 60s" in other.stderr, other.stderr
-        else:  # catch-up judges the row by its owner's promise too: nothing needs a run
-            assert other.stderr == "", other.stderr
+        # Either claim judges the row by its owner's promise: held (a catch-up tries a held
+        # period and names it, issue 34 row 14).
+        assert "held by" in other.stderr and "stale after 60s" in other.stderr, other.stderr
+        if caller == "catchup":
+            assert "1 held by a live owner" in other.stderr, other.stderr
         # The reports judge the row by its owner's promise too, whatever the job's latest
         # --stale-after (the caller's 1s) says.
         status = run_once("status", "--json", env=env)
         (job,) = json.loads(status.stdout)
-        assert job["stale_after_s"] == (1.0 if caller == "run" else 60.0)  # catch-up: no claim
+        assert job["stale_after_s"] == 1.0  # the latest claim's, the caller's
         assert [(r["attempt"], r["stale"], r["stale_after_s"]) for r in job["running"]] == [
             (1, False, 60.0)]
         check = run_once("check", "long", env=env)
