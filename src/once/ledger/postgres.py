@@ -438,6 +438,13 @@ class PostgresLedger(Ledger):
         self._depth += 1
         try:
             yield
+        except Exception as exc:
+            # A statement our own watchdog cut off (its socket shut, no SQLSTATE): the server
+            # gave no answer, whatever the driver's words for the cut ("server closed the
+            # connection unexpectedly") would suggest.
+            if WATCHDOG.disarm(token) and getattr(exc, "sqlstate", None) is None:
+                raise TimeoutError(f"no answer from the server within {shut_at:.3g}s") from exc
+            raise
         finally:
             self._depth -= 1
             cancelled = WATCHDOG.disarm(token)
