@@ -9,6 +9,9 @@ children that both wrote within one span were alive at once.
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,3 +69,24 @@ def judge(log: Path) -> list[Span]:
 def leading_children(log: Path, since: float = 0.0) -> set[tuple[int, int]]:
     """(term, pid) of every child that wrote after `since`."""
     return {(s.term, s.pid) for s in spans(log) if s.last > since}
+
+
+def stop_leads(procs: list[subprocess.Popen[str]] | list[subprocess.Popen[bytes]],
+               timeout: float = 60) -> list[str]:
+    """SIGCONT and SIGTERM to every `once lead` still alive, SIGKILL to one that has not
+    ended within timeout; what each said on stderr (when it was piped), in order."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)  # a stopped one must hear the SIGTERM
+            proc.terminate()
+    said = []
+    for proc in procs:
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        except ValueError:  # its stderr was read already
+            err = ""
+        said.append(err.decode() if isinstance(err, bytes) else err or "")
+    return said

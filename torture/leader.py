@@ -20,7 +20,7 @@ from pathlib import Path
 from common import ONCE, Backend, Config, Row, base_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from lead_log import child, spans
+from lead_log import child, spans, stop_leads
 from silent_relay import SilentRelay, tcp_upstream
 
 LEASE = 3.0
@@ -84,16 +84,7 @@ def run(config: Config, backend: Backend, workdir: Path) -> list[Row]:
                     procs.remove(proc)
                     candidate()
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGCONT)
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_leads(procs)
         for relay in relays.values():
             relay.close()
     found = spans(log)

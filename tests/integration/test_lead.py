@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ONCE, run_here, wait_for
-from lead_log import child, judge, leading_children, spans
+from lead_log import child, judge, leading_children, spans, stop_leads
 from procs import alive, children
 
 LEASE = 3.0
@@ -59,20 +59,9 @@ def dead_by(pid: int, deadline: float) -> None:
 
 
 def stop_all(procs: list[subprocess.Popen[str]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.terminate()
-    for proc in procs:
-        try:
-            _, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-        except ValueError:  # its stderr was read already
-            err = ""
+    for proc, said in zip(procs, stop_leads(procs, timeout=30), strict=True):
         # What each said, for a failure's report (pytest shows a failed test's output).
-        print(f"once lead {proc.pid} exited {proc.returncode}:\n{err}")
+        print(f"once lead {proc.pid} exited {proc.returncode}:\n{said}")
 
 
 @pytest.mark.slow

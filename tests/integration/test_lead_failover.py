@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ONCE, run_once, wait_for
-from lead_log import child, judge, spans
+from lead_log import child, judge, spans, stop_leads
 from replicas import REQUIRED, Pair, missing
 
 pytestmark = [pytest.mark.skipif(bool(missing()) and not REQUIRED, reason=missing() or "-"),
@@ -57,21 +57,6 @@ def _lead(env: dict[str, str], log: Path, lease: str) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True)
 
 
-def _stop(procs: list[subprocess.Popen[str]]) -> list[str]:
-    said = []
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            _, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-        said.append(err)
-    return said
-
-
 def _terms_after(log: Path, since: float) -> list[int]:
     return [s.term for s in spans(log) if s.first > since]
 
@@ -100,7 +85,7 @@ def test_terms_outgrow_a_promoted_standby_that_lacks_the_latest(async_pair: Pair
         wait_for(lambda: _terms_after(log, failed_at), timeout=90,
                  what="a leader on the promoted standby")
     finally:
-        said = _stop(procs)
+        said = stop_leads(procs)
         async_pair.rebuild()
     later = _terms_after(log, failed_at)
     assert later and min(later) > lost and min(later) >= 1 << 32, (lost, later, said)
@@ -121,7 +106,7 @@ def test_a_synchronous_failover_leaves_no_two_children_alive(sync_pair: Pair,
                  what="a leader after the failover")
         time.sleep(2)
     finally:
-        said = _stop(procs)
+        said = stop_leads(procs)
         sync_pair.rebuild()
     found = judge(log)
     assert max(s.term for s in found) >= before, said

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ONCE, run_once, wait_for
-from lead_log import child, judge, spans
+from lead_log import child, judge, spans, stop_leads
 from private_galera import NODES, GaleraCluster
 
 pytestmark = pytest.mark.slow
@@ -51,15 +51,7 @@ def test_one_leader_across_three_nodes(galera: GaleraCluster, tmp_path: Path) ->
         wait_for(lambda: any(s.first > killed_at for s in spans(log)), timeout=90,
                  what="a leader on another node")
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_leads(procs)
         galera.heal()
     found = judge(log)
     assert len(found) >= 4
