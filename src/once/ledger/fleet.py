@@ -151,6 +151,9 @@ class Snapshot:
     def __init__(self, target: Target, dbapi_conn: Connection) -> None:
         self.target, self.dialect, self.conn = target, target.dialect, dbapi_conn
         self.backend = of(target)
+        # Times read, by the value the driver gave: jobs of a schedule share their periods'
+        # bounds, so a fleet's reads hand back the same few values tens of thousands of times.
+        self._times: dict[Any, datetime] = {}
 
     @classmethod
     @contextmanager
@@ -378,7 +381,9 @@ class Snapshot:
         return self.backend.bind(instant)
 
     def _from_db_time(self, value: Any) -> datetime:
-        return self.backend.from_db(value)
+        if (instant := self._times.get(value)) is None:
+            instant = self._times[value] = self.backend.from_db(value)
+        return instant
 
     def _begin(self) -> None:
         for sql in self.backend.snapshot_begin:  # PostgreSQL: none, its connection is
