@@ -1,12 +1,18 @@
 """once.report.render: durations in words, the status table's cells, plain tables, the
-history's status words, and `once status --json`'s object, without a database."""
+history's status words, `once status --json`'s object and the indented JSON it is printed
+as, without a database."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from report_states import NOW, day_job, row
 
-from once.report import plain_table, status_cells, status_object, status_word
+from once.report import indented_json, plain_table, status_cells, status_object, status_word
 from once.report.render import age, history_cells, short_key, took
 
 
@@ -156,3 +162,31 @@ def test_status_object_of_a_troubled_job() -> None:
         "2026-11-30", "2026-12-01", "2026-12-02")
     assert obj["next_at"] == "2026-12-02T00:00:00+00:00"
     assert list(obj)[:3] == ["job", "kind", "schedule"] and obj["error"] is None
+
+
+_SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text()
+_KEYS = st.text() | st.integers() | st.floats() | st.booleans() | st.none()
+_DOCUMENTS = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=4)
+                          | st.tuples(inner, inner) | st.dictionaries(_KEYS, inner, max_size=4),
+                          max_leaves=30)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_DOCUMENTS)
+def test_indented_json_is_what_json_dumps_writes(document: Any) -> None:
+    """Every scalar (non-ASCII text, NaN and the infinities, big integers), key (not only
+    strings) and nesting, empty lists and dicts included, as json.dumps(indent=2) has it."""
+    assert indented_json(document) == json.dumps(document, indent=2)
+
+
+def test_indented_json_of_a_status_object_and_of_what_json_refuses() -> None:
+    s = day_job()
+    s.open_rows = [row("2026-11-29", "failed", attempt=3, exit_code=1),
+                   row("2026-12-01", "running", beat_ago=5)]
+    s.failure_lines = {"2026-11-29": "boom: \u00e9t\u00e9 \"quoted\"\n"}
+    obj = [{**status_object(s), "ledger": "sqlite:///x", "standby": {"replay_lag_s": 0.5}}]
+    assert indented_json(obj) == json.dumps(obj, indent=2)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        indented_json({"at": NOW})
+    with pytest.raises(TypeError, match="keys must be"):
+        indented_json({("a",): 1})

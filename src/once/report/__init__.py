@@ -81,6 +81,7 @@ from once.report.model import (
 )
 from once.report.render import (
     age,
+    indented_json,
     plain_table,
     status_cells,
     status_object,
@@ -124,6 +125,7 @@ __all__ = [
     "fleet_history",
     "history",
     "holders",
+    "indented_json",
     "job_zone",
     "last_line",
     "lead_findings",

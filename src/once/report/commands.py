@@ -31,6 +31,7 @@ from once.report.leads import (
 from once.report.metrics import exposition
 from once.report.model import JobState
 from once.report.render import (
+    indented_json,
     render_fleet_history,
     render_history,
     render_status,
@@ -114,9 +115,8 @@ def status(target: Target, jobs_named: Sequence[str], namespace: str | None,
                                            timeline=timeline, last=last, leads=leads)
     unknown = sorted(set(names) - {s.name for s in states} - {x.name for x in leads})
     if as_json:
-        write_line(json.dumps(status_objects(states, drawings if timeline else None,
-                                             target.redacted, standby), indent=2),
-                   as_json=True)
+        write_line(indented_json(status_objects(states, drawings if timeline else None,
+                                                target.redacted, standby)), as_json=True)
     elif timeline:
         from once.report import timeline as draw
 

