@@ -149,7 +149,11 @@ def _start(command: list[str], env: dict[str, str], stdio: dict[int, int], guard
     A signal the wrapper forwards while the child is on its way (the guard's own handler
     would swallow it there) is held back by the mask until the child's handlers are the
     command's, then delivered: the command does not start deaf to it.
+
+    The PATH search is made here, before the fork (found_on_path): in the child it cost half a
+    millisecond of CPU a command, each directory's failed exec copying pages of ours.
     """
+    found = found_on_path(command[0], env)
     errors_r, errors_w = _pipe_above_stdio()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     try:
@@ -177,6 +181,9 @@ def _start(command: list[str], env: dict[str, str], stdio: dict[int, int], guard
             if _PRCTL is not None and os.getppid() != guard:
                 os.kill(os.getpid(), signal.SIGKILL)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            if found is not None:
+                with suppress(OSError):  # execvpe's own search meets it too, and says so
+                    os.execve(found, command, env)
             os.execvpe(command[0], command, env)
         except BaseException as exc:  # a bad name or value in the environment: ENOEXEC
             number = exc.errno if isinstance(exc, OSError) and exc.errno else errno.ENOEXEC
@@ -193,6 +200,21 @@ def _start(command: list[str], env: dict[str, str], stdio: dict[int, int], guard
         number = int(failed) if failed.isdigit() else errno.ENOEXEC
         raise OSError(number, os.strerror(number))
     return pid
+
+
+def found_on_path(name: str, env: dict[str, str]) -> str | None:
+    """The file os.execvpe(name, ..., env) would run: the first executable file called name
+    in the environment's PATH (os.get_exec_path), every one before it being one whose exec
+    fails (missing, not executable, a directory); None for a name with a slash (run as it
+    is) or when none is found. A shortcut only: where its exec fails, execvpe searches
+    again, and its error is the one reported."""
+    if not name or os.path.dirname(name):
+        return None
+    for directory in os.get_exec_path(env):
+        path = os.path.join(directory, name)
+        if os.access(path, os.X_OK) and os.path.isfile(path):
+            return path
+    return None
 
 
 def _close_inherited(keep: int) -> None:
@@ -337,19 +359,31 @@ def _retitle(title: str) -> None:
     import ctypes
 
     _PRCTL(_PR_SET_NAME, title.split()[0].encode()[:15], 0, 0, 0)
-    try:
-        with open("/proc/self/stat", "rb") as stat:
-            fields = stat.read().rpartition(b")")[2].split()
-        start, end = int(fields[45]), int(fields[46])
-    except (OSError, IndexError, ValueError):
-        return
-    size = end - start
+    start, size = _argv_area()
     if size < 2 or not start:
         return
     text = title.encode("utf-8", "replace")[:size - 1]
     # A NUL after the title and a non-NUL last byte: the kernel reads the area as a title
     # set by setproctitle and shows it up to that NUL.
     ctypes.memmove(start, text + b"\0" + b" " * (size - len(text) - 1), size)
+
+
+_ARGV_AREA: tuple[int, int] | None = None  # (start, size): a process's, for good
+
+
+def _argv_area() -> tuple[int, int]:
+    """Where the argv area is, read once (a kept guard retitles itself every period): (0, 0)
+    when it cannot be read."""
+    global _ARGV_AREA
+    if _ARGV_AREA is None:
+        try:
+            with open("/proc/self/stat", "rb") as stat:
+                fields = stat.read().rpartition(b")")[2].split()
+            start, end = int(fields[45]), int(fields[46])
+        except (OSError, IndexError, ValueError):
+            start = end = 0
+        _ARGV_AREA = (start, end - start)
+    return _ARGV_AREA
 
 
 def _load_prctl() -> Callable[..., int] | None:
