@@ -92,9 +92,13 @@ class Keeper:
         payload = marshal.dumps((command, env, title, sorted(map(int, ignored)), tty is not None,
                                  deadline, grace, targets))
         assert self.channel is not None
+        # One message, the length first: the guard, woken once, reads it whole (two sends
+        # woke it twice a period, each a thread switch on a loaded machine).
+        message = len(payload).to_bytes(4, "big") + payload
         with suppress(OSError):
-            socket.send_fds(self.channel, [len(payload).to_bytes(4, "big")], fds)
-            self.channel.sendall(payload)
+            sent = socket.send_fds(self.channel, [message], fds)
+            if sent < len(message):  # more than the socket's buffer takes at once
+                self.channel.sendall(message[sent:])
         return self.pid, self.report
 
     def ended(self, kept: bool, stranded: bool) -> None:

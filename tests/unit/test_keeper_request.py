@@ -1,0 +1,36 @@
+"""A period's request reaches the kept guard whole (once.run.keeper: one message, its length
+first, the command's descriptors with it), also when it is larger than the socket takes at
+once: an environment of a megabyte, twice, through one real kept guard, and the command sees
+every byte of it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from once.run import wrapper
+from once.run.keeper import Keeper
+
+PIECE = 100_000  # bytes a variable (one environment string may not pass 128 KiB)
+
+
+def test_a_request_larger_than_the_socket_buffer_reaches_the_kept_guard(tmp_path: Path) -> None:
+    kept = Keeper()
+    if not kept.usable:
+        pytest.skip("no kept guard here (not Linux, or no interpreter to start)")
+    big = {f"ONCE_TEST_BIG{n}": str(n) * PIECE for n in range(10)}  # a megabyte in all
+    try:
+        guards = set()
+        for period in range(2):
+            out = tmp_path / f"out{period}"
+            env = {**os.environ, **big, "OUT": str(out)}
+            outcome = wrapper.run(["sh", "-c", 'printf %s "${#ONCE_TEST_BIG9}$ONCE_TEST_BIG0"'
+                                   ' > "$OUT"'], env, None, keeper=kept)
+            assert (outcome.kind, outcome.status) == ("exited", 0)
+            assert out.read_text() == f"{PIECE}{'0' * PIECE}"
+            guards.add(kept.pid)
+        assert len(guards) == 1 and 0 not in guards  # one guard, kept for the second period
+    finally:
+        kept.close()
