@@ -10,6 +10,7 @@ connection's socket is its target's backend's to find (Dialect.socket_of).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -57,6 +58,11 @@ class _StatementWatchdog:
         self._cancelled: set[int] = set()
         self._tokens = 0
         self._watching = False
+        # When the watcher looks next, at the latest (monotonic; inf: not before it is told,
+        # 0: at once, as it starts): a statement whose deadline comes after that leaves it
+        # asleep. A catch-up's statements, two a period, each woke it (a thread switch each)
+        # only for it to wait again.
+        self._wakes_at = 0.0
 
     def arm(self, fd: int, cancel_after: float, shut_after: float,
             cancel: Callable[[], None]) -> int:
@@ -69,10 +75,10 @@ class _StatementWatchdog:
                 threading.Thread(target=self._watch, daemon=True, name="once-watchdog").start()
             now = time.monotonic()
             deadline = now + cancel_after
-            earliest = min((armed[0] for armed in self._armed.values()), default=None)
             self._tokens += 1
             self._armed[self._tokens] = (deadline, fd, cancel, now + shut_after)
-            if earliest is None or deadline < earliest:  # else it wakes in time anyway
+            if deadline < self._wakes_at:  # else it wakes in time anyway, and looks again
+                self._wakes_at = deadline
                 self._changed.notify()
             return self._tokens
 
@@ -99,10 +105,13 @@ class _StatementWatchdog:
                         else:
                             del self._armed[token]
                             shut_down(fd)
-                    deadlines = [armed[0] for armed in self._armed.values()]
-                    self._changed.wait(min(deadlines) - now if deadlines else None)
+                    self._wakes_at = min((armed[0] for armed in self._armed.values()),
+                                         default=math.inf)
+                    self._changed.wait(None if self._wakes_at == math.inf
+                                       else self._wakes_at - now)
             finally:  # never left without a watcher: the next statement starts another
                 self._watching = False
+                self._wakes_at = 0.0
 
 
 WATCHDOG = _StatementWatchdog()
