@@ -10,9 +10,10 @@
    ONCE_BENCH_PGBOUNCER_URL is set): exit statuses, runs (must be 1), time to decision;
 5. the wrapper's memory while the command runs: PSS of `once run` and its guard, on
    PostgreSQL (goal <= 35 MiB together);
-6. report times over 100 jobs x 10,000 periods (goal <= 0.5 s for status, check and metrics,
-   <= 0.2 s for once serve's /metrics), and `once serve`'s main page over 10,000 jobs x 100
-   periods (bench/dashboard.py; goal < 1 s; /api/status, every job in full, <= 1 s);
+6. report times over 100 jobs x 10,000 periods (goal <= 0.5 s for status and check, <= 0.2 s
+   for metrics and once serve's /metrics: Prometheus scrapes every 15-30 s), and `once
+   serve`'s main page over 10,000 jobs x 100 periods (bench/dashboard.py; goal < 1 s;
+   /api/status, every job in full, <= 1 s);
 7. the output relay (bench/output.py): 1 GiB through `once run` against directly (goal: a
    ratio >= 0.8), the delay it adds to a line written every 10 ms (goal: p99 < 5 ms), the
    wrapper's PSS with capture on and off while the command writes (goal: within 2 MiB).
@@ -327,8 +328,10 @@ REPORT_PERIODS = int(os.environ.get("BENCH_REPORT_PERIODS", "10000"))
 # Schedules the seeded jobs take in turn (hourly and 15-minute ones cross DST changes).
 REPORT_SCHEDULES = [("hour", "Europe/Berlin"), ("day", "UTC"), ("15m", "America/New_York"),
                     ("minute", "UTC")]
-REPORT_GOAL = 0.5  # seconds, wall time of the whole command (once status, check, metrics)
-SCRAPE_GOAL = 0.2  # seconds, wall time of once serve's /metrics (a scrape every 15-30 s)
+REPORT_GOAL = 0.5  # seconds, wall time of the whole command (once status, check)
+# seconds, wall time of once metrics (the whole command) and of once serve's /metrics: what
+# Prometheus or its textfile collector asks for every 15-30 s
+SCRAPE_GOAL = 0.2
 REPORT_ROUNDS = int(os.environ.get("BENCH_REPORT_ROUNDS", "7"))  # runs per command (median)
 
 
@@ -492,7 +495,8 @@ def time_reports(name: str, url: str) -> None:
                 raise SystemExit(f"bench: once {command} failed: "
                                  f"{result.stderr.decode().strip()}")
         wall, cpu = sorted(times)[len(times) // 2]
-        goal = f"(goal <= {REPORT_GOAL:g} s)  {'ok' if wall <= REPORT_GOAL else 'OVER GOAL'}"
+        most = SCRAPE_GOAL if command == "metrics" else REPORT_GOAL
+        goal = f"(goal <= {most:g} s)  {'ok' if wall <= most else 'OVER GOAL'}"
         print(f"{name:<11} once {command:<8} {wall * 1000:6.0f} ms wall  {cpu * 1000:6.0f} ms cpu"
               f"  {goal}".rstrip())
     import dashboard
