@@ -34,3 +34,19 @@ def test_a_request_larger_than_the_socket_buffer_reaches_the_kept_guard(tmp_path
         assert len(guards) == 1 and 0 not in guards  # one guard, kept for the second period
     finally:
         kept.close()
+
+
+def test_the_kept_guard_imports_no_threading() -> None:
+    # threading's fork hook runs in the child of every command the guard forks, and doubled
+    # that fork's CPU (once.deadlines keeps its thread-local bound without it).
+    import subprocess
+    import sys
+
+    import once
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(once.__file__)))
+    found = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+         "import once.run.keeper; print(sorted(m for m in sys.modules if 'thread' in m))",
+         root], capture_output=True, text=True, check=True).stdout.strip()
+    assert "'threading'" not in found, found
