@@ -308,6 +308,11 @@ class GapFinder:
         tail = self._tail(lo, hi)
         return missing - (self.expected(*tail) if tail else 0)
 
+    def tail(self, lo: datetime, hi: datetime) -> tuple[datetime, datetime] | None:
+        """The stretch of [lo, hi) after the period of the job's latest row, if any: an
+        `every` job's units there are all missing (units() lists it whole)."""
+        return self._tail(lo, hi)
+
     def _tail(self, lo: datetime, hi: datetime) -> tuple[datetime, datetime] | None:
         """The stretch of [lo, hi) after the period of the job's latest row, if any."""
         if self.latest is not None and lo <= self.latest < hi:

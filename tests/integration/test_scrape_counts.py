@@ -2,10 +2,10 @@
 read's numbers, on every backend: a ledger seeded with SQL with what the counts could get
 wrong (gaps, failed rows with attempts left and without, interrupted attempts, stale, live and
 overrunning attempts, shards, --no-overlap, --lag, cron schedules across summer time, a
-job with no row in its due range and one with no row at all, an unreadable zone, reruns,
-takeovers, `once state --set` records, a namespace, lead names of `once lead`) is read the
-fast way and the full way in turn at one pinned instant, and every metric and every field
-must agree.
+job with no row in its due range and one with no row at all, jobs that stopped together, an
+unreadable zone, reruns, takeovers, `once state --set` records, a namespace, lead names of
+`once lead`) is read the fast way and the full way in turn at one pinned instant, and every
+metric and every field must agree.
 
 The full read is what these reads were before they counted: every job surveyed in full,
 each on its own (survey, complete, its gap search), and every attempt's row read and counted
@@ -218,6 +218,13 @@ def seed(url: str) -> int:
     s.done("bad-zone", lost)
     batch = s.job("prod:batch", "day", back=5)
     s.done("prod:batch", batch, skip={2})
+    for name, shards in (("stopped-a", 1), ("stopped-b", 1), ("stopped-c", 1),
+                         ("stopped-d", 2)):
+        # Stopped together, 30 hours ago: their missing hours all after their latest rows,
+        # listed once for a and b (the same stretch), apart for d (its shards); c has an
+        # earlier gap too.
+        stopped = s.job(name, "hour", back=60, shards=shards)
+        s.done(name, stopped[:30], skip={10} if name == "stopped-c" else set(), shards=shards)
     s.write(url)
     return len(gaps)
 
@@ -344,6 +351,10 @@ def test_metrics_are_the_full_reads(seeded: Seeded, once_env: dict[str, str]) ->
     assert found[f"once_missing_periods{{{job('no-overlap')}}}"] == 0
     assert found[f"once_missing_periods{{{job('lagged')}}}"] == 1
     assert found[f"once_missing_periods{{{job('never-done')}}}"] == 5
+    assert found[f"once_missing_periods{{{job('stopped-a')}}}"] == 30
+    assert found[f"once_missing_periods{{{job('stopped-b')}}}"] == 30
+    assert found[f"once_missing_periods{{{job('stopped-c')}}}"] == 31
+    assert found[f"once_missing_periods{{{job('stopped-d')}}}"] == 60
     assert found[f"once_missing_periods{{{job('not-due')}}}"] == 0
     assert found[f"once_failed_out_periods{{{job('failing')}}}"] == 1
     assert found[f"once_failed_periods{{{job('failing')}}}"] == 3

@@ -42,6 +42,8 @@ PREFETCH = 1000  # due units of a job with gaps whose done rows complete() reads
 
 # A job's done rows read for its gap search: (lo, hi, the starts of those in [lo, hi), sorted)
 _Known = tuple[datetime, datetime, list[datetime]]
+# A job's missing units as the reports list them: the first LIST_LIMIT + 1, and the last
+_Listed = tuple[list[Unit], Unit | None]
 
 
 def survey_jobs(snap: Snapshot, names: Sequence[str] | None, namespace: str | None,
@@ -105,11 +107,12 @@ def complete(snap: Snapshot, states: Sequence[JobState]) -> None:
     finders = {s.name: found for s in todo
                if (found := _finder(snap, s, counted.setdefault(id(s.sched), {}))) is not None}
     read = _read_small_gapped(snap, todo, {name: f for name, (f, _) in finders.items()})
+    tails: dict[Any, _Listed] = {}  # the units of the jobs that stopped together
     for state in todo:
         if state.name in finders:
             finder, rows = finders[state.name]
             rows.known = read.get(state.name)
-            _locate_missing(state, finder)
+            _locate_missing(state, finder, tails)
         state.detailed = True
 
 
@@ -280,9 +283,15 @@ def _read_small_gapped(snap: Snapshot, states: Sequence[JobState],
             in zip(ranges, snap.done_starts(ranges), strict=True)}
 
 
-def _locate_missing(s: JobState, finder: gaps.GapFinder) -> None:
+def _locate_missing(s: JobState, finder: gaps.GapFinder,
+                    tails: dict[Any, _Listed] | None = None) -> None:
     """List the first few due periods (with --shards: shards) that have no row and the last
-    one (once.gaps.GapFinder, as catch-up finds them); a cron job's are counted here too."""
+    one (once.gaps.GapFinder, as catch-up finds them); a cron job's are counted here too.
+
+    A job whose every missing unit comes after its latest row (a job that stopped) lists
+    the units of that stretch alone, the same for every job of its schedule and shards that
+    stopped with it: tails holds them, listed once (a fleet whose minute jobs all stopped
+    walked the same periods for each)."""
     end, first = s.counted_end, s.first
     if end is None or first is None:
         return
@@ -291,10 +300,22 @@ def _locate_missing(s: JobState, finder: gaps.GapFinder) -> None:
         _walk_missing(s, finder, lo, hi)
         return
     missing = s.no_row
-    s.no_row_listed = [(utc_instant(p.start), key) for p, key
-                       in islice(finder.units(lo, hi, missing), LIST_LIMIT + 1)]
-    s.no_row_last = next(((utc_instant(p.start), key) for p, key
-                          in finder.units(lo, hi, missing, backwards=True)), None)
+    tail = finder.tail(lo, hi)
+    if tails is None or tail is None or missing <= 0 or finder.searched(lo, hi, missing) > 0:
+        s.no_row_listed, s.no_row_last = _listed(finder, lo, hi, missing)
+        return
+    key = (id(s.sched), s.shards, tail)
+    if (known := tails.get(key)) is None:
+        # units() lists the stretch after the latest row whole, and nothing before it
+        known = tails[key] = _listed(finder, lo, hi, missing)
+    s.no_row_listed, s.no_row_last = list(known[0]), known[1]
+
+
+def _listed(finder: gaps.GapFinder, lo: datetime, hi: datetime, missing: int) -> _Listed:
+    return ([(utc_instant(p.start), key) for p, key
+             in islice(finder.units(lo, hi, missing), LIST_LIMIT + 1)],
+            next(((utc_instant(p.start), key) for p, key
+                  in finder.units(lo, hi, missing, backwards=True)), None))
 
 
 def _walk_missing(s: JobState, finder: gaps.GapFinder, lo: datetime, hi: datetime) -> None:
