@@ -163,6 +163,8 @@ class JobState(JobRow):
             return None
         if self.current_done >= self.shards:
             return "done"
+        if not self.open_rows:  # most jobs of a fleet: nothing running, nothing failed
+            return "not-run"
         start = utc_instant(self.current.start)
         rows = [r for r in self.open_rows if r.period_start == start]
         if any(self.is_stale(r) for r in rows):
@@ -174,6 +176,8 @@ class JobState(JobRow):
 
     @property
     def stale_due(self) -> list[RunRow]:
+        if not self.open_rows:
+            return []
         return [r for r in self.running if self.is_stale(r) and self.due(r)]
 
     @property

@@ -349,6 +349,9 @@ def _local(s: JobState, instant: datetime | None) -> str | None:
 
 def _open_rows_object(s: JobState) -> dict[str, Any]:
     """The running, failed and last failed rows of a job's `once status --json` entry."""
+    if not s.open_rows:  # most jobs of a fleet
+        return {"running": [], "failed": 0, "failed_out": 0, "failed_periods": [],
+                "last_failure": None}
     return {
         "running": [
             {"period": r.period, "attempt": r.attempt, "fence": r.fence, "owner": r.owner,
