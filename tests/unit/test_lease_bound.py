@@ -70,14 +70,14 @@ def test_a_renewal_is_bounded_by_its_lease(clock: Clock) -> None:
     assert seen == [1003.0]  # the deadline it renewed from, not the one it renews to
 
 
-def _stepped_down(clock: Clock, renewed: bool, late: float) -> Lease:
+def _stepped_down(clock: Clock, renewed: bool, late: float, overslept: float = 0.0) -> Lease:
     owner = Lease(lambda: True, 3.0, clock.now)
     if renewed:
         clock.now += 1.0
         owner.last_sent = clock.now  # a renewal went out (its answer never came)
     owner.lock.acquire()  # ... and is still in the ledger
     clock.now = owner.deadline + late
-    owner.step_down_reason()
+    owner.step_down_reason(overslept)
     owner.lock.release()
     return owner
 
@@ -96,6 +96,27 @@ def test_a_step_down_past_the_deadline_says_the_owner_was_stopped(clock: Clock) 
     owner.lock.acquire()
     owner.lock.release()
     assert not owner.renew_once() and owner.last_error.startswith("its deadline passed while")
+
+
+def test_a_wait_that_overran_past_the_deadline_says_the_owner_was_stopped(clock: Clock) -> None:
+    # Stopped with a renewal out and woken just past the deadline (the guard had ended the
+    # command by it): the renewal got no answer because nothing of this process ran.
+    owner = _stepped_down(clock, renewed=True, late=0.2, overslept=STALLED + 4.0)
+    assert owner.overslept and owner.failure == ""
+    assert owner.last_error == ("its deadline passed while this process was stopped or "
+                                "suspended (it woke 5.0s late)")
+
+
+def test_a_wait_that_overran_before_the_deadline_is_no_stop_yet(clock: Clock) -> None:
+    # Woken late at the step-down's SIGTERM, the deadline still ahead: the renewal out may
+    # yet be answered, and nothing says the deadline passed.
+    owner = _stepped_down(clock, renewed=True, late=-0.5, overslept=STALLED + 4.0)
+    assert (owner.failure, owner.overslept) == ("no-answer", False)
+
+
+def test_a_wait_that_overran_a_little_is_no_stop(clock: Clock) -> None:
+    owner = _stepped_down(clock, renewed=True, late=0.2, overslept=STALLED / 2)
+    assert (owner.failure, owner.overslept) == ("no-answer", False)
 
 
 def test_a_claim_answered_late_is_no_stop(clock: Clock) -> None:

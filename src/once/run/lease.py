@@ -168,19 +168,24 @@ class Lease:
                 return
             ok = self.renew_once()
 
-    def step_down_reason(self) -> None:
+    def step_down_reason(self, overslept: float = 0.0) -> None:
         """The owner steps down: keep the reason. With no error seen, a renewal is still
-        waiting for an answer; but a step-down that comes STALLED past the deadline, once
-        renewals have begun, says that this process was stopped (or starved) meanwhile,
-        whatever its renewals met then (a statement waits no longer than the deadline)."""
+        waiting for an answer; but a step-down that comes STALLED past the deadline, or past
+        it from a wait that overran by STALLED (`overslept`: the caller woke that much later
+        than it meant to), once renewals have begun, says that this process was stopped (or
+        starved) meanwhile, whatever its renewals met then (a statement waits no longer than
+        the deadline): a renewal the stop caught in flight got no answer as nothing here ran."""
         self.stepping_down = True
         late = lease_now() - self.deadline
         if self.lost:
             return
-        if late > STALLED and self.last_sent > self.claimed_at:  # renewing, then stopped
+        stalled = late > STALLED or (late > 0 and overslept > STALLED)
+        if stalled and self.last_sent > self.claimed_at:
             self.overslept = True
+            how = (f"it stepped down {late:.1f}s after it" if late > STALLED
+                   else f"it woke {overslept:.1f}s late")
             self.last_error = (f"its deadline passed while this process was stopped or "
-                               f"suspended (it stepped down {late:.1f}s after it)")
+                               f"suspended ({how})")
             self.failure = ""
         elif not self.lock.locked():
             self._overslept()

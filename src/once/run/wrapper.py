@@ -260,6 +260,9 @@ class _Supervisor:
         # Started when the first renewal is due: a command that ends sooner (most of a
         # catch-up's) never needs it, nor the cost of creating it.
         self.beat: threading.Thread | None = None
+        # How much longer than it meant to the loop's last wait lasted: a wait overrun by
+        # seconds means this process was stopped (SIGSTOP, a suspend) or starved meanwhile.
+        self.overslept = 0.0
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         # The guard keeps its own copy of the lease's deadline, renewed through this pipe,
@@ -330,9 +333,11 @@ class _Supervisor:
         """Wait for the guard's report while acting on signals, timers and the lease."""
         while self.state.phase is not machine.Phase.GONE:
             idle = self.relay.idle() if self.relay is not None else []
-            pause = machine.next_timer(self.state, lease_now(), self._terms())
-            readable = _guard.ready([self.report, self.wake_r, *idle],
-                                    min(_guard.MAX_SLEEP, pause))
+            pause = min(_guard.MAX_SLEEP, machine.next_timer(self.state, lease_now(),
+                                                              self._terms()))
+            wake_by = lease_now() + pause
+            readable = _guard.ready([self.report, self.wake_r, *idle], pause)
+            self.overslept = lease_now() - wake_by
             for fd in set(readable).intersection(idle):
                 self.relay.stirred(fd)  # type: ignore[union-attr]  # the command spoke
             if self.wake_r in readable:
@@ -357,7 +362,7 @@ class _Supervisor:
                     os.killpg(self.guard, action.number)
             elif isinstance(action, machine.StepDown):
                 assert self.lease is not None
-                self.lease.step_down_reason()
+                self.lease.step_down_reason(self.overslept)
             elif isinstance(action, machine.Beat):
                 self.beat = threading.Thread(target=self._heartbeat, daemon=True)
                 self.beat.start()
