@@ -261,6 +261,12 @@ def _readme_first_run() -> list[list[str]]:
     return [shlex.split(line) for line in lines if line.startswith("once ")]
 
 
+def _minute() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M")
+
+
 @pytest.mark.parametrize("kind", ["docker", "pod", "none"])
 def test_the_readme_s_first_run_works_in_a_container(machine: Callable[..., Machine],
                                                     tmp_path: Path, kind: str) -> None:
@@ -269,11 +275,17 @@ def test_the_readme_s_first_run_works_in_a_container(machine: Callable[..., Mach
     where = machine(**POD) if kind == "pod" else machine()
     if kind == "docker":
         where.mark(".dockerenv", "")
-    workdir = tmp_path / f"work-{kind}"
-    workdir.mkdir()
-    first, second = (subprocess.run([ONCE, *argv[1:]], env=where.env, cwd=workdir,
-                                    capture_output=True, text=True, timeout=60)
-                     for argv in commands)
+    for attempt in range(3):
+        # The README's job is a minute's: two fires that straddle a minute's end (a loaded
+        # machine) claim two periods and both run. Tried again in a fresh directory then.
+        workdir = tmp_path / f"work-{kind}-{attempt}"
+        workdir.mkdir()
+        began = _minute()
+        first, second = (subprocess.run([ONCE, *argv[1:]], env=where.env, cwd=workdir,
+                                        capture_output=True, text=True, timeout=60)
+                         for argv in commands)
+        if _minute() == began:
+            break
     assert first.returncode == 0 and first.stdout == "hello\n", first.stderr
     assert second.returncode == 0 and second.stdout == "", second.stderr  # skipped
     assert (workdir / "once.db").is_file()
