@@ -64,7 +64,10 @@ def test_two_hosts_claiming_two_periods_at_one_instant_run_one(
     from helpers import ONCE, release_together
 
     log = tmp_path / "ran"
-    script = f'echo "$ONCE_PERIOD start" >> {log}; sleep 3; echo "$ONCE_PERIOD end" >> {log}'
+    # The run lasts until every caller has decided: released together, each still starts its
+    # interpreter after the release, which took over 3 s on a loaded machine (the last then
+    # found the first's run over and rightly ran its own period).
+    script = f'echo "$ONCE_PERIOD start" >> {log}; sleep 12; echo "$ONCE_PERIOD end" >> {log}'
     callers = [[ONCE, "run", "--job", "race", "--every", "minute", "--lag", str(lag),
                 "--no-overlap", "--", "sh", "-c", script] for lag in (0, 1, 0, 1)]
     results = release_together(callers, tmp_path / "gate", once_env)

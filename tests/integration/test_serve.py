@@ -372,7 +372,10 @@ def test_a_slow_ledger_is_given_up_on_and_healthz_still_answers(
         time.sleep(1.1)
         page, took = timed(server, "/")
         assert page.status == 503 and "ledger unreachable" in page.text
-        assert "statement timeout" in page.text, page.text
+        # The server's statement timeout names itself; on a loaded machine the request's own
+        # bound (the read's time and 2 s) may come first, and says that no answer came.
+        assert ("statement timeout" in page.text
+                or "ledger unreachable: no answer within 2s" in page.text), page.text
         assert took < BOUND, took
         assert server.get("/healthz").status == 200  # the ledger answers what it can
         blocker.rollback()
