@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine, event, text
@@ -188,10 +189,24 @@ def _create_locked(conn: Connection, target: Target, statement_timeout: float) -
         if limit is not None:  # made on the primary alone: the first claim would wait too
             raise LedgerError(f"cannot create the ledger's tables in {target.redacted}: "
                               f"{unconfirmed('them', limit)}")
-    finally:
+    except BaseException:
         if backend.session_lock:
-            conn.execute(text(backend.session_lock[1]))
-            conn.commit()
+            # What failed is the error: a release that fails too (the connection gone: the
+            # lock went with its session) must not stand in its place.
+            with suppress(Exception):
+                _release_session_lock(conn, backend)
+        raise
+    if backend.session_lock:
+        _release_session_lock(conn, backend)
+
+
+def _release_session_lock(conn: Connection, backend: Dialect) -> None:
+    """Let go of the MySQL schema lock (GET_LOCK's); a transaction left behind (invalid after
+    a dropped connection, which SQLAlchemy will not reconnect under) rolled back first."""
+    assert backend.session_lock
+    conn.rollback()
+    conn.execute(text(backend.session_lock[1]))
+    conn.commit()
 
 
 def _prepare_sqlite_file(target: Target) -> None:

@@ -260,9 +260,11 @@ class _Supervisor:
         # Started when the first renewal is due: a command that ends sooner (most of a
         # catch-up's) never needs it, nor the cost of creating it.
         self.beat: threading.Thread | None = None
-        # How much longer than it meant to the loop's last wait lasted: a wait overrun by
-        # seconds means this process was stopped (SIGSTOP, a suspend) or starved meanwhile.
+        # The longest overrun of the loop's waits since the lease's last renewal went out
+        # (`stall_since`: that renewal's time): a wait overrun by seconds means this process
+        # was stopped (SIGSTOP, a suspend) or starved meanwhile (Lease.step_down_reason).
         self.overslept = 0.0
+        self.stall_since = 0.0
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         # The guard keeps its own copy of the lease's deadline, renewed through this pipe,
@@ -337,7 +339,7 @@ class _Supervisor:
                                                               self._terms()))
             wake_by = lease_now() + pause
             readable = _guard.ready([self.report, self.wake_r, *idle], pause)
-            self.overslept = lease_now() - wake_by
+            self._overran(lease_now() - wake_by)
             for fd in set(readable).intersection(idle):
                 self.relay.stirred(fd)  # type: ignore[union-attr]  # the command spoke
             if self.wake_r in readable:
@@ -352,6 +354,13 @@ class _Supervisor:
             events += map(machine.Signal, signals)
             self.state, actions = machine.step(self.state, lease_now(), self._terms(), *events)
             self._perform(actions)
+
+    def _overran(self, seconds: float) -> None:
+        """Keep the longest overrun since the last renewal went out: the guard's own step-down
+        at the deadline comes to the wrapper with its report, a few waits after the stop."""
+        if self.lease is not None and self.stall_since != self.lease.last_sent:
+            self.overslept, self.stall_since = 0.0, self.lease.last_sent
+        self.overslept = max(self.overslept, seconds)
 
     def _perform(self, actions: list[machine.Action]) -> None:
         for action in actions:
