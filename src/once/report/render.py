@@ -402,6 +402,8 @@ def indented_json(value: Any) -> str:
         if (scalar := _JSON_SCALARS.get(type(o))) is not None:
             add(scalar(o))
         elif isinstance(o, (list, tuple)) and o:
+            # A scalar item is written here, not through walk: a call less for most values of
+            # a document (walk's first branch, inlined in both loops for that reason).
             inner, sep = pad(level + 1), "["
             for item in o:
                 add(sep + inner)

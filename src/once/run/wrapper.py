@@ -263,7 +263,7 @@ class _Supervisor:
         # The longest overrun of the loop's waits since the lease's last renewal went out
         # (`stall_since`: that renewal's time): a wait overrun by seconds means this process
         # was stopped (SIGSTOP, a suspend) or starved meanwhile (Lease.step_down_reason).
-        self.overslept = 0.0
+        self.longest_overrun = 0.0
         self.stall_since = 0.0
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -359,8 +359,8 @@ class _Supervisor:
         """Keep the longest overrun since the last renewal went out: the guard's own step-down
         at the deadline comes to the wrapper with its report, a few waits after the stop."""
         if self.lease is not None and self.stall_since != self.lease.last_sent:
-            self.overslept, self.stall_since = 0.0, self.lease.last_sent
-        self.overslept = max(self.overslept, seconds)
+            self.longest_overrun, self.stall_since = 0.0, self.lease.last_sent
+        self.longest_overrun = max(self.longest_overrun, seconds)
 
     def _perform(self, actions: list[machine.Action]) -> None:
         for action in actions:
@@ -371,7 +371,7 @@ class _Supervisor:
                     os.killpg(self.guard, action.number)
             elif isinstance(action, machine.StepDown):
                 assert self.lease is not None
-                self.lease.step_down_reason(self.overslept)
+                self.lease.step_down_reason(self.longest_overrun)
             elif isinstance(action, machine.Beat):
                 self.beat = threading.Thread(target=self._heartbeat, daemon=True)
                 self.beat.start()
