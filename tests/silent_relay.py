@@ -1,7 +1,12 @@
 """A TCP relay on loopback that can fall silent: it stops forwarding in both directions and
 closes nothing, as a network that drops a host's packets does (the client's writes still
 land in socket buffers; no answer ever comes back). For the tests of a leader cut off from
-its ledger."""
+its ledger.
+
+keep_server_side: a client's close is not passed on (the server's side stays open until the
+relay closes), as a network that lost the client's FIN: a statement the client gave up on
+stays in the server and goes on, as after a lost answer (MariaDB ends a waiting COMMIT
+within a second of its client's close)."""
 
 from __future__ import annotations
 
@@ -11,8 +16,9 @@ from urllib.parse import urlsplit
 
 
 class SilentRelay:
-    def __init__(self, upstream: tuple[str, int]) -> None:
+    def __init__(self, upstream: tuple[str, int], keep_server_side: bool = False) -> None:
         self.upstream = upstream
+        self.keep_server_side = keep_server_side
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.silent = threading.Event()
@@ -39,10 +45,11 @@ class SilentRelay:
                 continue
             server.settimeout(None)
             self.sockets += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, from_client in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pump, args=(a, b, from_client),
+                                 daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, from_client: bool) -> None:
         while not self.closed.is_set():
             if self.silent.is_set():  # hold what arrives: read nothing, send nothing
                 self.closed.wait(0.05)
@@ -62,6 +69,8 @@ class SilentRelay:
                 sink.sendall(data)
             except OSError:
                 break
+        if from_client and self.keep_server_side:
+            return  # the server hears nothing of the client's close
         if not self.silent.is_set():
             for sock in (source, sink):
                 try:
