@@ -135,3 +135,33 @@ def test_every_offered_spec_and_zone_is_accepted() -> None:
     assert len(zones) > 300
     for zone in zones:
         schedule("day", None, zone)
+
+
+@pytest.fixture(scope="module")
+def lead_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A ledger with the job `nightly` and the lead name `night-shift` (a real `once lead`)."""
+    home = tmp_path_factory.mktemp("lead-completion")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCE_")}
+    env.update(HOME=str(home), XDG_STATE_HOME=str(home / "state"),
+               ONCE_DATABASE_URL=f"sqlite:///{home}/ledger.db",
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    for argv in (["run", "--job", "nightly", "--every", "day"],
+                 ["lead", "--name", "night-shift"]):
+        done = subprocess.run(["once", *argv, "--", "true"], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    return env
+
+
+@pytest.mark.parametrize("name", sorted(SHELLS))
+def test_lead_names_complete_where_a_lead_name_is_taken(name: str,
+                                                        lead_env: dict[str, str]) -> None:
+    complete = SHELLS[name]
+    assert complete(["once", "lead", "--name", "nigh"], lead_env) == ["night-shift"]
+    assert complete(["once", "history", "--lead", "nigh"], lead_env) == ["night-shift"]
+    assert complete(["once", "status", "--leads", "nigh"], lead_env) == ["night-shift"]
+    for command in ("status", "check", "history"):  # a job's or a lead name
+        assert sorted(complete(["once", command, "nigh"], lead_env)) == [
+            "night-shift", "nightly"]
+    for command in ("logs", "state"):  # a job's alone
+        assert complete(["once", command, "nigh"], lead_env) == ["nightly"]

@@ -270,7 +270,7 @@ def test_prune_without_tables_says_so_and_creates_nothing(once_env: dict[str, st
     for dry in ([], ["--dry-run"]):
         result = run_either("prune", "--older-than", "30d", *dry, env=once_env)
         assert "nothing to prune" in one_line(result, 0)
-        assert result.stdout.endswith("0 done rows and 0 attempts\n")
+        assert result.stdout.endswith("0 done rows, 0 attempts and 0 lead terms\n")
     assert not tables(ledger_url)
     if ledger_url.startswith("sqlite"):
         assert not Path(ledger_url.partition(":///")[2]).exists(), "an empty .db was left"
@@ -318,9 +318,11 @@ def test_a_pruned_period_whose_attempt_was_taken_over_can_be_claimed_again(
         query(ledger_url, "UPDATE once_attempts SET finished_at = '2025-01-01 00:00:00.000000' "
                           "WHERE finished_at IS NOT NULL")
     dry = run_either("prune", "--older-than", "30d", "--dry-run", env=once_env)
-    assert dry.stdout.startswith("would delete 2 done rows and 4 attempts"), dry.stdout
+    assert dry.stdout.startswith("would delete 2 done rows, 4 attempts and 0 lead terms"), \
+        dry.stdout
     pruned = run_either("prune", "--older-than", "30d", env=once_env)
-    assert pruned.stdout.startswith("deleted 2 done rows and 4 attempts"), pruned.stdout
+    assert pruned.stdout.startswith("deleted 2 done rows, 4 attempts and 0 lead terms"), \
+        pruned.stdout
     assert query(ledger_url, "SELECT count(*) FROM once_attempts") == [(0,)]
     again = run_either("catchup", "--job", "p", *DAY, "--since", "2026-01-01", "--until",
                      "2026-01-01", "--", "true", env=once_env)

@@ -26,7 +26,7 @@ def test_prune_keeps_running_failed_and_the_done_rows_after_them(once_env: dict[
     assert dry.returncode == 0, dry.stderr
     # 2026-01-04 stays: catch-up and check count it to know that it is done. So does the
     # finished attempt that holds the running 2026-01-03 (a done marker of finish_in).
-    assert dry.stdout.startswith("would delete 1 done rows and 4 attempts")
+    assert dry.stdout.startswith("would delete 1 done rows, 4 attempts and 0 lead terms")
     assert len(query(ledger_url, "SELECT * FROM once_runs")) == 5
     done = run_either("prune", "--older-than", "30d", env=once_env)
     assert done.returncode == 0 and done.stdout.startswith("deleted 1 done rows")

@@ -293,7 +293,7 @@ def test_an_older_state_set_and_prune_write_nothing_on_an_upgraded_ledger(
                                        for ledger in ledgers.values())), strict=True):
         assert code == 0, (ledger.name, err)
         # The older day's run row and its attempt, and the (state) row's.
-        assert "would delete 1 done rows and 3 attempts" in out, (ledger.name, out)
+        assert "would delete 1 done rows, 3 attempts and 0 lead terms" in out, (ledger.name, out)
 
 
 # -- races -----------------------------------------------------------------------------------

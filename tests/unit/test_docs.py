@@ -19,7 +19,7 @@ from once._docs.environment import CHILD_ENV, ENV_FIXED
 from once._docs.man import man_page
 from once._docs.options import envvars, root_context
 from once._docs.prose import example_commands
-from once.cli.complete import job_names
+from once.cli.complete import history_names, job_names, job_or_lead_names, lead_names
 from once.cli.main import cli, load_commands
 
 load_commands()  # every command, not only `run`
@@ -297,6 +297,40 @@ def test_job_names_complete_from_a_sqlite_ledger(
     assert job_names(_ctx(db=url, namespace="team"), param, "") == ["nightly"]
     monkeypatch.setenv("ONCE_DATABASE_URL", url)
     assert job_names(_ctx(), param, "h") == ["hourly"]
+
+
+def test_lead_names_complete_where_a_lead_name_is_expected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from once.ledger import open_ledger, parse_url
+    from once.ledger.leases import Leases
+
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    monkeypatch.delenv("ONCE_DATABASE_URL", raising=False)
+    monkeypatch.delenv("ONCE_NAMESPACE", raising=False)
+    param = cli.commands["status"].params[0]
+    # No `once lead` yet, no lease tables: the jobs are offered all the same.
+    _run(url, "nightly", tmp_path)
+    assert job_or_lead_names(_ctx(db=url), param, "nigh") == ["nightly"]
+    assert lead_names(_ctx(db=url), param, "") == []
+    with open_ledger(parse_url(url)) as ledger:
+        leases = Leases(ledger)
+        for name in ("night-shift", "team:beat", "gone"):
+            term, _ = leases.acquire(name, "h", "pod", 60.0)
+            assert leases.release(name, "h", term)
+        assert leases.retire("gone")  # its terms stay: history and once lead offer it
+
+    assert lead_names(_ctx(db=url), param, "") == ["gone", "night-shift", "team:beat"]
+    assert lead_names(_ctx(db=url, namespace="team"), param, "") == ["beat"]
+    assert job_or_lead_names(_ctx(db=url), param, "nigh") == ["night-shift", "nightly"]
+    assert job_or_lead_names(_ctx(db=url), param, "g") == []  # status and check know it not
+    assert job_or_lead_names(_ctx(db=url, leads=True), param, "") == ["night-shift",
+                                                                       "team:beat"]
+    assert job_or_lead_names(_ctx(db=url, jobs=("nightly",)), param, "nigh") == [
+        "night-shift"]
+    assert history_names(_ctx(db=url), param, "") == ["gone", "night-shift", "nightly",
+                                                      "team:beat"]
+    assert history_names(_ctx(db=url, lead=True), param, "n") == ["night-shift"]
 
 
 def test_job_names_fail_silently(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

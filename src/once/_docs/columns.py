@@ -22,7 +22,8 @@ TABLES = {
     "passed; the one `UPDATE` that takes it tests exactly that, so one candidate of any number "
     "wins. Added in schema 5 without a change of its version (Upgrading).",
     "once_lead_terms": "Every term of every lead name: who led, from when to when, and how it "
-    "ended. `once lead --retire` leaves them.",
+    "ended. `once lead --retire` leaves them; `once prune` deletes those that ended before its "
+    "cut-off, but each name's latest term, from which its next term is numbered.",
     "once_lead_candidates": "The candidates waiting for a lead name, for the reports: each "
     "writes its row when it starts to wait and again every `--lease` (every 5 s for a "
     "shorter lease), and deletes it when it wins the lease or stops; a row seen within three "

@@ -5,11 +5,12 @@ from __future__ import annotations
 import click
 
 from once import limits
+from once.cli.complete import lead_names
 from once.cli.options import DURATION, ledger_options, open_target
 
 
 @click.command(context_settings={"allow_interspersed_args": False})
-@click.option("--name", required=True, metavar="NAME",
+@click.option("--name", required=True, metavar="NAME", shell_complete=lead_names,
               help="Lead name: one leader per name and ledger (1-200 printable characters, no "
                    "whitespace; with --namespace, NS:NAME at most 255).")
 @click.option("--lease", default="15s", show_default=True, type=DURATION,

@@ -45,14 +45,16 @@ def schema(db: str | None, db_password_file: str | None, namespace: str | None,
 @click.command()
 @ledger_options
 @click.option("--older-than", required=True, type=DURATION, metavar="DURATION",
-              help="Forget attempts and done rows that finished longer ago than this.")
+              help="Forget attempts, done rows and lead terms that finished longer ago "
+                   "than this.")
 @click.option("--dry-run", is_flag=True, help="Count what would go; delete nothing.")
 def prune(db: str | None, db_password_file: str | None, namespace: str | None,
           older_than: float, dry_run: bool) -> int:
     """Delete old history and done rows; never a running or failed row, never a job's latest
     done row, never a done row after the job's oldest gap (catch-up and check count them).
-    Every attempt of a deleted row goes with it. Lists jobs idle for longer than
-    --older-than."""
+    Every attempt of a deleted row goes with it. Terms of once lead that ended go too, never a
+    lead name's latest term (the next one is numbered from it). Lists jobs idle for longer
+    than --older-than."""
     from once import report
     from once.ledger import prune as pruning
 
@@ -62,7 +64,8 @@ def prune(db: str | None, db_password_file: str | None, namespace: str | None,
         say(f"no ledger tables in {target.redacted} (nothing has run there): nothing to "
             f"prune")
     verb = "would delete" if dry_run else "deleted"
-    click.echo(scrub(f"{verb} {pruned.runs} done rows and {pruned.attempts} attempts"))
+    click.echo(scrub(f"{verb} {pruned.runs} done rows, {pruned.attempts} attempts and "
+                     f"{pruned.lead_terms} lead terms"))
     for job, last in pruned.idle_jobs:
         click.echo(scrub(f"idle job {shown(job)}: last fired {last:%Y-%m-%d %H:%M} UTC "
                          f"(renamed or retired?)"))

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from once import limits
-from once.cli.complete import job_names
+from once.cli.complete import history_names, job_names, job_or_lead_names
 from once.cli.options import (
     DURATION,
     DURATION_OR_OFF,
@@ -68,7 +68,8 @@ GRACE = Grace()
 
 
 @click.command()
-@click.argument("jobs", nargs=-1, metavar="[JOB]...", shell_complete=job_names)
+@click.argument("jobs", nargs=-1, metavar="[JOB]...",
+                shell_complete=job_or_lead_names)
 @ledger_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object a job.")
 @click.option("--timeline", is_flag=True, help="Draw each job's recent periods: done, failed, "
@@ -108,7 +109,8 @@ def status(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
 
 
 @click.command()
-@click.argument("job", metavar="[JOB]", required=False, shell_complete=job_names)
+@click.argument("job", metavar="[JOB]", required=False,
+                shell_complete=history_names)
 @ledger_options
 @click.option("--limit", type=click.IntRange(min=1), metavar="N",
               help="Show the N latest attempts [default: 50 of a JOB, 20 of the fleet].")
@@ -170,7 +172,8 @@ def logs(job: str, db: str | None, db_password_file: str | None, namespace: str 
 
 
 @click.command()
-@click.argument("jobs", nargs=-1, metavar="[JOB]...", shell_complete=job_names)
+@click.argument("jobs", nargs=-1, metavar="[JOB]...",
+                shell_complete=job_or_lead_names)
 @ledger_options
 @click.option("--grace", default="0", show_default=True, type=GRACE,
               help="How long after a period is due its done row may still be missing.")

@@ -139,6 +139,11 @@ class Dialect:
         """The job names shell completion offers: only what a local read can give at once."""
         return []
 
+    def lead_names(self, target: Target, timeout: float, retired: bool = False) -> list[str]:
+        """The lead names shell completion offers (`retired`: those with terms alone too), as
+        job_names."""
+        return []
+
     def sqlalchemy_url(self, target: Target) -> str:
         """SQLAlchemy's name of the dialect and driver once uses (a URL with no more in it:
         once opens the connections itself, SQLAlchemy never reads the ledger's URL)."""

@@ -104,6 +104,13 @@ class Sqlite(Dialect):
 
         return job_names(target.path, timeout)
 
+    def lead_names(self, target: Target, timeout: float, retired: bool = False) -> list[str]:
+        if not os.path.isfile(target.path):
+            return []
+        from once.ledger.sqlite import lead_names
+
+        return lead_names(target.path, timeout, retired)
+
     def sqlalchemy_url(self, target: Target) -> str:
         return "sqlite"
 

@@ -5,7 +5,11 @@ and the reports still need (every running and failed row stays, every done row f
 job's oldest open row or gap on, and each job's latest done row); each job's expected range
 moves up to what it still has, so that the pruned periods are not called missing. An attempt
 goes with its run row, so that a pruned period claimed again at attempt 1 collides with
-nothing. docs/concepts/ledger.md and docs/reference/commands.md "once prune" say the rest.
+nothing. The terms of `once lead` (once_lead_terms) that ended before the cut-off go too, but
+never a lead name's latest term: the next term of a name is seeded from the largest in its
+history (once.ledger.leases.SEED), so that a name retired and used again never hands out a
+term it has had. docs/concepts/ledger.md and docs/reference/commands.md "once prune" say the
+rest.
 
 Imports SQLAlchemy, once.ledger.schema and tables (never on the hot path). Which periods are
 gaps is the reports' rule, not the ledger's: the caller hands it in (`oldest_gaps`, in `once
@@ -47,7 +51,7 @@ from once.ledger.schema import (
     ensure,
     unconfirmed,
 )
-from once.ledger.tables import attempts, jobs, runs
+from once.ledger.tables import attempts, jobs, lead_terms, runs
 
 # The statement timeout whose limits bound the prune's commit (once.ledger.watchdog.limits):
 # the default --stale-after's.
@@ -65,6 +69,7 @@ OldestGaps = Callable[[Snapshot, list[str]], dict[str, datetime]]
 class Pruned:
     runs: int = 0
     attempts: int = 0
+    lead_terms: int = 0
     idle_jobs: list[tuple[str, datetime]] = field(default_factory=list)
     no_tables: bool = False  # nothing has run in this ledger: nothing to prune
 
@@ -127,7 +132,29 @@ def _prune(conn: Connection, target: Target, cut: datetime, dry_run: bool,
         result.runs += _prune_runs(conn, job, goes, dry_run)
     if not dry_run:
         _move_expected_ranges(conn, target, gap)
+    result.lead_terms = _prune_lead_terms(conn, cut, dry_run)
     return result
+
+
+def _prune_lead_terms(conn: Connection, cut: datetime, dry_run: bool) -> int:
+    """The terms of `once lead` that ended before the cut, but each name's latest (the next
+    term is seeded from it) and never one that has not ended. Per name, its latest term read
+    first: MySQL deletes from no table that a subquery of the statement reads. A ledger
+    without the lease tables (no `once lead` has run there: they are a compatible addition,
+    made by its first use) has none."""
+    if not inspect(conn).has_table(lead_terms.name):
+        return 0
+    count = 0
+    for name, latest in conn.execute(select(lead_terms.c.name, func.max(lead_terms.c.term))
+                                     .group_by(lead_terms.c.name).order_by(lead_terms.c.name)):
+        goes = and_(lead_terms.c.name == name, lead_terms.c.term < latest,
+                    lead_terms.c.ended_at.is_not(None), lead_terms.c.ended_at < cut)
+        if dry_run:
+            count += int(conn.execute(select(func.count()).select_from(lead_terms)
+                                      .where(goes)).scalar_one())
+        else:
+            count += int(conn.execute(delete(lead_terms).where(goes)).rowcount)
+    return count
 
 
 def _needed(conn: Connection, target: Target,

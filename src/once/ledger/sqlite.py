@@ -1,6 +1,7 @@
 """The ledger on SQLite: `SqliteLedger`'s statements, the OS locks that tell a live owner from
 a stale one on one host (`_PeriodLocks`), SQLite's time text (`sqlite_time`), and the
-read-only look at the job names that shell completion takes (`job_names`).
+read-only look at the job and lead names that shell completion takes (`job_names`,
+`lead_names`).
 
 Imports only sqlite3 (when it connects) and the stdlib, besides once.ledger's base, records
 and url.
@@ -466,13 +467,25 @@ def job_names(path: str, timeout: float) -> list[str]:
     """The names of the jobs in the SQLite ledger at `path`, sorted, read on a read-only
     connection that never creates the file and waits at most `timeout` seconds for a writer's
     lock (shell completion: once.cli.complete)."""
+    return _names(path, timeout, "SELECT job FROM once_jobs ORDER BY job")
+
+
+def lead_names(path: str, timeout: float, retired: bool = False) -> list[str]:
+    """The lead names of `once lead` in it, read as job_names reads: those with a lease, and
+    with `retired` those with terms alone too (an error where no `once lead` made the tables)."""
+    return _names(path, timeout, "SELECT name FROM once_leases UNION SELECT name FROM "
+                  "once_lead_terms ORDER BY name" if retired else
+                  "SELECT name FROM once_leases ORDER BY name")
+
+
+def _names(path: str, timeout: float, sql: str) -> list[str]:
     import sqlite3
     from urllib.parse import quote
 
     uri = "file:" + quote(os.path.abspath(path)) + "?mode=ro"
     conn = sqlite3.connect(uri, uri=True, timeout=timeout)
     try:
-        rows = conn.execute("SELECT job FROM once_jobs ORDER BY job").fetchall()
+        rows = conn.execute(sql).fetchall()
     finally:
         conn.close()
     return [row[0] for row in rows if isinstance(row[0], str)]

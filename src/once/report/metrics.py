@@ -42,13 +42,15 @@ METRICS = [
     ("once_lead_term", "gauge",
      "The lead name's latest term (its fencing token): held now, or the last one held."),
     ("once_lead_changes_total", "counter",
-     "Terms begun: each time a candidate took the lease, the first time included."),
+     "Terms begun: each time a candidate took the lease, the first time included (the terms "
+     "in the ledger: a once prune that forgets old ones lowers it, as a counter's reset)."),
     ("once_lead_leaderless_seconds", "gauge",
      "How long the name has been without a leader now, since the last holder's lease ran "
      "out or was released (0 while one holds it)."),
     ("once_lead_leaderless_time_seconds_total", "counter",
      "Seconds the name has been without a leader since its first term began, by its terms "
-     "in the ledger (and now)."),
+     "in the ledger (and now; a once prune that forgets old ones lowers it, as a counter's "
+     "reset)."),
     ("once_lead_lease_seconds", "gauge", "The --lease of its latest term."),
     ("once_lead_candidates", "gauge",
      "Candidates waiting for the lease (seen within three of their intervals)."),
