@@ -182,3 +182,44 @@ def test_sqlite_names_the_write_lock(tmp_path: Path) -> None:
     waiter.close()
     assert errors.lock_waited(errors.SQLITE, busy.value) == "the database's write lock"
     assert named("sqlite").lock_waited(sqlite3.OperationalError("no such table")) == ""
+
+
+def _supervised(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> tuple[Lease, object]:
+    from once.run import wrapper
+
+    monkeypatch.setattr(wrapper, "lease_now", clock)
+    owner = Lease(lambda: True, 6.0, clock.now)
+    clock.now += 1.0
+    assert owner.renew_once()  # renewals have begun: deadline 1007
+    return owner, wrapper._Supervisor(owner, 2.0, None)
+
+
+def test_a_heartbeat_woken_late_past_the_step_down_sends_nothing_and_names_the_stop(
+        clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Stopped between renewals and continued after the guard's SIGTERM (a grace before the
+    # deadline) but before the deadline: the renewal now due would hold the period for a
+    # command being stopped, and (sent) reset the loop's overrun that names the stop.
+    from once.run import machine
+
+    owner, supervisor = _supervised(clock, monkeypatch)
+    sent, due = owner.last_sent, owner.next_renewal(True)
+    clock.now = owner.deadline - 0.5
+    assert supervisor._stalled_past_step_down(clock.now - due)  # type: ignore[attr-defined]
+    assert owner.last_sent == sent  # nothing sent
+    supervisor._perform([machine.StepDown()])  # type: ignore[attr-defined]
+    assert owner.last_error.startswith("its deadline passed before this process could renew")
+    clock.now = owner.deadline + 0.2  # or woken just past the deadline: the overrun names it
+    owner.last_error, owner.stepping_down, owner.overslept = "", False, False
+    supervisor._perform([machine.StepDown()])  # type: ignore[attr-defined]
+    assert owner.last_error == ("its deadline passed while this process was stopped or "
+                                "suspended (it woke 3.5s late)")
+
+
+def test_a_heartbeat_woken_late_before_the_step_down_renews(
+        clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    owner, supervisor = _supervised(clock, monkeypatch)
+    due = owner.next_renewal(True)
+    clock.now = due + STALLED + 0.5  # starved, but the step-down's moment is still ahead
+    assert not supervisor._stalled_past_step_down(clock.now - due)  # type: ignore[attr-defined]
+    clock.now = owner.deadline - 1.0  # past it, on time (a renewal that failed before)
+    assert not supervisor._stalled_past_step_down(0.1)  # type: ignore[attr-defined]

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from once.deadlines import lease_now, max_grace
 from once.run import guard as _guard
 from once.run import machine
-from once.run.lease import Lease
+from once.run.lease import STALLED, Lease
 from once.run.machine import Outcome as Outcome  # once.run.flow's, from here
 
 if TYPE_CHECKING:
@@ -265,6 +265,9 @@ class _Supervisor:
         # was stopped (SIGSTOP, a suspend) or starved meanwhile (Lease.step_down_reason).
         self.longest_overrun = 0.0
         self.stall_since = 0.0
+        # The heartbeat thread's overrun when it woke past the step-down's moment after a stall
+        # and sent nothing (_heartbeat): the renewal it would have sent resets the loop's.
+        self.beat_overrun = 0.0
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         # The guard keeps its own copy of the lease's deadline, renewed through this pipe,
@@ -371,7 +374,7 @@ class _Supervisor:
                     os.killpg(self.guard, action.number)
             elif isinstance(action, machine.StepDown):
                 assert self.lease is not None
-                self.lease.step_down_reason(self.longest_overrun)
+                self.lease.step_down_reason(max(self.longest_overrun, self.beat_overrun))
             elif isinstance(action, machine.Beat):
                 self.beat = threading.Thread(target=self._heartbeat, daemon=True)
                 self.beat.start()
@@ -424,7 +427,10 @@ class _Supervisor:
         while True:
             # Every --stale-after/3 counted from when the last renewal was sent; after a
             # failure, sooner (Lease.pause).
-            if self.stop_heartbeat.wait(max(0.0, lease.next_renewal(ok) - lease_now())):
+            due = lease.next_renewal(ok)
+            if self.stop_heartbeat.wait(max(0.0, due - lease_now())):
+                return
+            if self._stalled_past_step_down(lease_now() - due):
                 return
             ok = lease.renew_once()
             if ok:
@@ -433,6 +439,19 @@ class _Supervisor:
             if lease.lost or lease.expired:
                 self._wake(b"h")
                 return
+
+    def _stalled_past_step_down(self, overrun: float) -> bool:
+        """Whether this thread woke STALLED late (stopped, suspended, starved) and past the
+        step-down's moment, a grace before the deadline: the guard's own step-down began
+        then and is never undone, so a renewal would only hold the period for a command
+        being stopped, and reset the loop's overrun that names the stop. The loop is woken
+        to step down, with this overrun."""
+        assert self.lease is not None
+        if overrun <= STALLED or lease_now() < self.lease.deadline - self.grace:
+            return False
+        self.beat_overrun = overrun
+        self._wake(b"h")
+        return True
 
     def _wake(self, byte: bytes) -> None:
         with suppress(OSError):  # the pipe is full: the loop is awake anyway
