@@ -43,9 +43,15 @@ def _ran(command: list[str], env: dict[str, str]) -> str:
     return said.strip()
 
 
-def test_the_first_executable_file_on_path_is_found(tmp_path: Path) -> None:
+def test_the_first_file_on_path_is_found_whatever_it_is(tmp_path: Path) -> None:
     env = _tree(tmp_path)
-    # Missing, not executable and a directory are passed over, as execvpe's failed execs are.
+    # Missing is passed over; not executable is not judged here (exec decides, with the
+    # effective ids and capabilities that os.access leaves out): execvpe's search takes over.
+    assert guard.found_on_path("cmd", env) == str(tmp_path / "plain" / "cmd")
+    (tmp_path / "plain" / "cmd").unlink()
+    (tmp_path / "plain" / "cmd").symlink_to(tmp_path / "gone")  # dangling: missing, to exec
+    assert guard.found_on_path("cmd", env) == str(tmp_path / "dir" / "cmd")
+    (tmp_path / "dir" / "cmd").rmdir()
     assert guard.found_on_path("cmd", env) == str(tmp_path / "junk" / "cmd")
     assert guard.found_on_path("nothing-of-that-name", env) is None
     assert guard.found_on_path("./cmd", env) is None  # a slash: run as it is, no search
@@ -53,8 +59,8 @@ def test_the_first_executable_file_on_path_is_found(tmp_path: Path) -> None:
 
 
 def test_a_found_file_whose_exec_fails_leaves_it_to_execvpe(tmp_path: Path) -> None:
-    # junk/cmd is found, its exec fails (ENOEXEC), and execvpe goes on to good/cmd, as it
-    # did before the search moved out of the child.
+    # plain/cmd is found, its exec fails (EACCES), and execvpe goes on past the directory and
+    # junk/cmd (ENOEXEC) to good/cmd, as it did before the search moved out of the child.
     env = _tree(tmp_path)
     assert _ran(["cmd"], env) == "good"
 

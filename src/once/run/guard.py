@@ -203,16 +203,19 @@ def _start(command: list[str], env: dict[str, str], stdio: dict[int, int], guard
 
 
 def found_on_path(name: str, env: dict[str, str]) -> str | None:
-    """The file os.execvpe(name, ..., env) would run: the first executable file called name
-    in the environment's PATH (os.get_exec_path), every one before it being one whose exec
-    fails (missing, not executable, a directory); None for a name with a slash (run as it
-    is) or when none is found. A shortcut only: where its exec fails, execvpe searches
-    again, and its error is the one reported."""
+    """The file os.execvpe(name, ..., env) tries first: the first path called name in the
+    environment's PATH (os.get_exec_path) that exists, whatever it is; None for a name with a
+    slash (run as it is) or when none exists. A shortcut only: where its exec fails (not
+    executable, a directory, no format exec knows), execvpe searches again, and runs what it
+    would have run. Whether a file may be run is exec's to say, never ours: os.access asks
+    for the real uid, and a setuid once or a capability (systemd's AmbientCapabilities=)
+    lets exec run what access refuses, so a search that judged would run a file further down
+    PATH than execvpe (an outside attacker's finding)."""
     if not name or os.path.dirname(name):
         return None
     for directory in os.get_exec_path(env):
         path = os.path.join(directory, name)
-        if os.access(path, os.X_OK) and os.path.isfile(path):
+        if os.path.exists(path):  # stat: exec's own view of the path (effective ids)
             return path
     return None
 
