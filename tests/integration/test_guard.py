@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -426,3 +427,58 @@ def test_a_kept_guard_stopped_between_periods_sees_the_renewals_made_meanwhile(
     assert status == 0, err
     assert [key for key, _ in period_log(tmp_path)] == [
         f"2026-01-01T00:0{n}+00:00" for n in range(4)]
+
+
+def _sending(pid: int) -> bool:
+    """The process waits in sendmsg or sendto, or in poll (a send with a timeout waits
+    there): x86-64's numbers; elsewhere, not known (True)."""
+    if os.uname().machine != "x86_64":
+        return True
+    with suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/syscall").read_text().split()[0] in ("7", "44", "46")
+    return False
+
+
+def test_a_stopped_kept_guard_does_not_keep_once_from_a_signal(
+        sqlite_env: dict[str, str], tmp_path: Path) -> None:
+    # The next period's request is larger than the socket takes (a megabyte of
+    # environment), and the guard, stopped, reads none of it: once's send gives up (at most
+    # SEND_WAIT) and acts on the SIGTERM that came meanwhile. It waited for as long as the
+    # guard was stopped, deaf to signals (an outside attacker's finding).
+    from once.run.keeper import SEND_WAIT
+
+    big = {f"ONCE_TEST_BIG{n}": str(n) * 100_000 for n in range(10)}
+    first = "2026-01-01T00:00+00:00"
+    hold = ('echo "$ONCE_PERIOD $PPID" >> "$DIR/log"; '
+            'if [ "$ONCE_PERIOD" = "$FIRST" ]; then echo $$ > "$DIR/pids"; '
+            'while [ ! -e "$DIR/go" ]; do sleep 0.05; done; fi')
+    owner = start_once("catchup", "--job", "deaf", *MINUTES, "--stale-after", CALM,
+                       "--kill-after", "1s", "--", "sh", "-c", hold,
+                       env={**sqlite_env, **big, "FIRST": first})
+    _, guard = started(tmp_path, 1)
+    ledger = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None, timeout=10)
+    ledger.execute("BEGIN IMMEDIATE")  # the first period's result waits, its guard idle
+    try:
+        (tmp_path / "go").touch()
+        wait_for(lambda: waits_for_a_request(guard), what="the guard to wait for a period")
+        os.kill(guard, signal.SIGSTOP)
+    finally:
+        ledger.execute("ROLLBACK")
+        ledger.close()
+    try:
+        # The next period claimed, and its request on its way (a signal before it would
+        # keep the command from starting, the send never begun).
+        wait_for(lambda: query(f"sqlite:///{tmp_path / 'ledger.db'}", "SELECT count(*) FROM "
+                               "once_runs WHERE status = 'running'") == [(1,)]
+                 and _sending(owner.pid), timeout=30, what="the next period's request")
+        os.kill(owner.pid, signal.SIGTERM)
+        began = time.monotonic()
+        status = owner.wait(60)
+        took = time.monotonic() - began
+    finally:
+        with suppress(ProcessLookupError):  # killed with its period, stopped as it was
+            os.kill(guard, signal.SIGCONT)
+    err = owner.stderr.read() if owner.stderr else ""
+    assert status == 143, err
+    assert took < SEND_WAIT + 1 + 10, took  # the send's bound, --kill-after, a loaded margin
+    assert [key for key, _ in period_log(tmp_path)] == [first]  # the next one never started

@@ -50,3 +50,30 @@ def test_the_kept_guard_imports_no_threading() -> None:
          "import once.run.keeper; print(sorted(m for m in sys.modules if 'thread' in m))",
          root], capture_output=True, text=True, check=True).stdout.strip()
     assert "'threading'" not in found, found
+
+
+def test_a_request_read_past_its_step_down_starts_nothing(tmp_path: Path) -> None:
+    # A guard stopped (or starved) with a request waiting reads it past the step-down's
+    # moment: the period may be another's by then, and its command must not start. The
+    # guard's death before `started` says so to the wrapper.
+    from once.deadlines import lease_now
+
+    kept = Keeper()
+    if not kept.usable or kept.session() is None:
+        pytest.skip("no kept guard here (not Linux, or no interpreter to start)")
+    ran = tmp_path / "ran"
+    try:
+        out = os.open(os.devnull, os.O_WRONLY)
+        watch = (-1, lease_now() - 1.0, 0.5)  # its deadline passed a second ago
+        pid, report = kept.spawn(["touch", str(ran)], dict(os.environ), None, "t", frozenset(),
+                                 watch, (), {1: out, 2: out})
+        os.close(out)
+        said = b""
+        while chunk := os.read(report, 512):
+            said += chunk
+        assert b"started" not in said
+        assert os.waitpid(pid, 0)[1] == 9  # killed by itself: SIGKILL to its group
+    finally:
+        kept.ended(kept=False, stranded=False)
+        kept.close()
+    assert not ran.exists()

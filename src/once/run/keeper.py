@@ -32,11 +32,14 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
+from once.deadlines import lease_now
 from once.run import guard as _guard
 
 # A new guard's time to say hello before its period falls back to a forked guard (a loaded
 # machine starts an interpreter in tens of milliseconds).
 HELLO_WAIT = 5.0
+# The longest a period's request waits for the guard to take it (Keeper.spawn).
+SEND_WAIT = 5.0
 _PR_SET_CHILD_SUBREAPER = 36
 _MAX_FDS = 2  # the command's stdout and stderr
 
@@ -91,14 +94,26 @@ class Keeper:
         deadline, grace = (watch[1], watch[2]) if watch is not None else (None, 0.0)
         payload = marshal.dumps((command, env, title, sorted(map(int, ignored)), tty is not None,
                                  deadline, grace, targets))
-        assert self.channel is not None
+        channel = self.channel
+        assert channel is not None
         # One message, the length first: the guard, woken once, reads it whole (two sends
-        # woke it twice a period, each a thread switch on a loaded machine).
+        # woke it twice a period, each a thread switch on a loaded machine). A guard that
+        # does not read (stopped, wedged) holds a message larger than the socket's buffer:
+        # the send waits SEND_WAIT at most, and half the time left before the step-down's
+        # moment (the heartbeat starts after it), and what it leaves unsent ends the guard's
+        # requests. The period then ends as one whose guard died before its command
+        # started, and a signal to once is acted on (it waited as long as the guard was
+        # stopped, an outside attacker's finding).
         message = len(payload).to_bytes(4, "big") + payload
-        with suppress(OSError):
-            sent = socket.send_fds(self.channel, [message], fds)
+        left = SEND_WAIT if deadline is None else (deadline - grace - lease_now()) / 2
+        channel.settimeout(max(0.0, min(SEND_WAIT, left)))
+        try:
+            sent = socket.send_fds(channel, [message], fds)
             if sent < len(message):  # more than the socket's buffer takes at once
-                self.channel.sendall(message[sent:])
+                channel.sendall(message[sent:])
+        except OSError:  # gone (its report's end says so), or not reading
+            channel.close()
+            self.channel = None
         return self.pid, self.report
 
     def ended(self, kept: bool, stranded: bool) -> None:
@@ -211,6 +226,11 @@ def serve() -> None:
         renewals = _drain(deadline)
         if lease_deadline is not None:
             lease_deadline = _guard.renewed(lease_deadline, False, renewals)
+            if lease_now() >= lease_deadline - grace:
+                # Read past the step-down's moment (this guard was stopped or starved): the
+                # period may be another's by now, and its command must not start. Our death
+                # before `started` tells the wrapper so.
+                os.killpg(0, signal.SIGKILL)
         _guard._retitle(title)
         _forwarded(set(ignored_now))
         if tty:
