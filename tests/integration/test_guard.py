@@ -395,20 +395,15 @@ def waits_for_a_request(guard: int) -> bool:
     return Path(f"/proc/{guard}/wchan").read_text().startswith("unix_stream")
 
 
-def test_a_kept_guard_stopped_between_periods_sees_the_renewals_made_meanwhile(
-        sqlite_env: dict[str, str], tmp_path: Path) -> None:
-    # The guard is stopped (SIGSTOP, or a machine too loaded to run it) after it said `ready`
-    # and before it read the next period's request; the wrapper, alive, claims that period and
-    # renews the claim past the deadline the request carried. On SIGCONT the guard must go by
-    # those renewals, as a forked guard does (they wait in its deadline pipe), and not kill the
-    # command at once for a deadline that never passed: the period is the wrapper's, and done.
-    first = "2026-01-01T00:00+00:00"
-    hold = ('echo "$ONCE_PERIOD $PPID" >> "$DIR/log"; '
-            'if [ "$ONCE_PERIOD" = "$FIRST" ]; then echo $$ > "$DIR/pids"; '
-            'while [ ! -e "$DIR/go" ]; do sleep 0.05; done; else sleep 0.5; fi')
-    owner = start_once("catchup", "--job", "idle", *MINUTES, "--stale-after", "3s", "--",
-                       "sh", "-c", hold, env={**sqlite_env, "FIRST": first})
-    _, guard = started(tmp_path, 1)
+# The first period ($FIRST) waits for $DIR/go; the others then do what follows.
+HOLD_FIRST = ('echo "$ONCE_PERIOD $PPID" >> "$DIR/log"; '
+              'if [ "$ONCE_PERIOD" = "$FIRST" ]; then echo $$ > "$DIR/pids"; '
+              'while [ ! -e "$DIR/go" ]; do sleep 0.05; done; else {others}; fi')
+
+
+def stop_while_idle(tmp_path: Path, guard: int) -> None:
+    """Let the first period end with its result held back (SQLite's write lock), its kept
+    guard idle, waiting for the next period's request, and stop the guard there."""
     ledger = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None, timeout=10)
     ledger.execute("BEGIN IMMEDIATE")  # the first period's result waits, its guard idle
     try:
@@ -418,6 +413,21 @@ def test_a_kept_guard_stopped_between_periods_sees_the_renewals_made_meanwhile(
     finally:
         ledger.execute("ROLLBACK")
         ledger.close()
+
+
+def test_a_kept_guard_stopped_between_periods_sees_the_renewals_made_meanwhile(
+        sqlite_env: dict[str, str], tmp_path: Path) -> None:
+    # The guard is stopped (SIGSTOP, or a machine too loaded to run it) after it said `ready`
+    # and before it read the next period's request; the wrapper, alive, claims that period and
+    # renews the claim past the deadline the request carried. On SIGCONT the guard must go by
+    # those renewals, as a forked guard does (they wait in its deadline pipe), and not kill the
+    # command at once for a deadline that never passed: the period is the wrapper's, and done.
+    first = "2026-01-01T00:00+00:00"
+    hold = HOLD_FIRST.format(others="sleep 0.5")
+    owner = start_once("catchup", "--job", "idle", *MINUTES, "--stale-after", "3s", "--",
+                       "sh", "-c", hold, env={**sqlite_env, "FIRST": first})
+    _, guard = started(tmp_path, 1)
+    stop_while_idle(tmp_path, guard)
     try:
         time.sleep(5.0)  # the next period claimed, its request sent, its claim renewed
     finally:
@@ -449,22 +459,12 @@ def test_a_stopped_kept_guard_does_not_keep_once_from_a_signal(
 
     big = {f"ONCE_TEST_BIG{n}": str(n) * 100_000 for n in range(10)}
     first = "2026-01-01T00:00+00:00"
-    hold = ('echo "$ONCE_PERIOD $PPID" >> "$DIR/log"; '
-            'if [ "$ONCE_PERIOD" = "$FIRST" ]; then echo $$ > "$DIR/pids"; '
-            'while [ ! -e "$DIR/go" ]; do sleep 0.05; done; fi')
+    hold = HOLD_FIRST.format(others="true")
     owner = start_once("catchup", "--job", "deaf", *MINUTES, "--stale-after", CALM,
                        "--kill-after", "1s", "--", "sh", "-c", hold,
                        env={**sqlite_env, **big, "FIRST": first})
     _, guard = started(tmp_path, 1)
-    ledger = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None, timeout=10)
-    ledger.execute("BEGIN IMMEDIATE")  # the first period's result waits, its guard idle
-    try:
-        (tmp_path / "go").touch()
-        wait_for(lambda: waits_for_a_request(guard), what="the guard to wait for a period")
-        os.kill(guard, signal.SIGSTOP)
-    finally:
-        ledger.execute("ROLLBACK")
-        ledger.close()
+    stop_while_idle(tmp_path, guard)
     try:
         # The next period claimed, and its request on its way (a signal before it would
         # keep the command from starting, the send never begun).
