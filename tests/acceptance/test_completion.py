@@ -139,14 +139,17 @@ def test_every_offered_spec_and_zone_is_accepted() -> None:
 
 @pytest.fixture(scope="module")
 def lead_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A ledger with the job `nightly` and the lead name `night-shift` (a real `once lead`)."""
+    """A ledger with the job `nightly` and the lead name `night-shift` (a real `once lead`),
+    and a job and a lead name that a shell would read (never offered: the scripts insert what
+    they are given as it is, and entering the line would run `touch`)."""
     home = tmp_path_factory.mktemp("lead-completion")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONCE_")}
     env.update(HOME=str(home), XDG_STATE_HOME=str(home / "state"),
                ONCE_DATABASE_URL=f"sqlite:///{home}/ledger.db",
                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     for argv in (["run", "--job", "nightly", "--every", "day"],
-                 ["lead", "--name", "night-shift"]):
+                 ["run", "--job", "night;touch${IFS}pwned", "--every", "day"],
+                 ["lead", "--name", "night-shift"], ["lead", "--name", "night$(touch${IFS}pwned)"]):
         done = subprocess.run(["once", *argv, "--", "true"], env=env, capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == 0, done.stderr

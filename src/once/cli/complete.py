@@ -7,12 +7,16 @@ once.ledger.sqlite.job_names and lead_names; this module holds no SQL); a server
 (PostgreSQL, MySQL, MariaDB) is not asked, since a <Tab> must not wait for the network. Any
 error completes nothing (of that kind: a ledger where no `once lead` has run still offers its
 jobs). With `--namespace` or ONCE_NAMESPACE, only that namespace's names are offered, without
-their `NS:` prefix (as `--job` and `--name` take them).
+their `NS:` prefix (as `--job` and `--name` take them). A name the shell would read (a space,
+`;`, `$`, a quote, a glob) is never offered: click's scripts put what they are given on the
+command line as it is, and a name in the ledger is anyone's text (an outside attacker's
+finding: `x;touch${IFS}f` completed runs touch when the line is entered).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,6 +31,8 @@ if TYPE_CHECKING:
 
 # How long a <Tab> may wait for SQLite's lock while a claim writes.
 BUSY_TIMEOUT = 0.2
+# What a shell takes as it is, unquoted: shlex.quote's own safe set.
+PLAIN = re.compile(r"[\w@%+=:,./-]+", re.ASCII)
 
 
 def job_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
@@ -85,7 +91,7 @@ def _names(params: dict[str, Any], incomplete: str, read: Read) -> list[str]:
     if namespace:
         prefix = namespace + ":"
         names = [name[len(prefix) :] for name in names if name.startswith(prefix)]
-    return [name for name in names if name.startswith(incomplete)]
+    return [name for name in names if name.startswith(incomplete) and PLAIN.fullmatch(name)]
 
 
 def every_specs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
