@@ -482,3 +482,28 @@ def test_a_stopped_kept_guard_does_not_keep_once_from_a_signal(
     assert status == 143, err
     assert took < SEND_WAIT + 1 + 10, took  # the send's bound, --kill-after, a loaded margin
     assert [key for key, _ in period_log(tmp_path)] == [first]  # the next one never started
+
+
+def test_a_kept_guard_that_does_not_take_its_request_is_a_guard_that_died(
+        sqlite_env: dict[str, str], tmp_path: Path) -> None:
+    # Stopped and never continued: the request is not taken within SEND_WAIT, the guard is
+    # killed, and the period is recorded as one whose guard died (it said `cannot run`, exit
+    # 126, as if the command could not be run); the next period gets a new guard.
+    big = {f"ONCE_TEST_BIG{n}": str(n) * 100_000 for n in range(10)}
+    owner = start_once("catchup", "--job", "mute", *MINUTES, "--stale-after", CALM,
+                       "--keep-going", "--", "sh", "-c", HOLD_FIRST.format(others="true"),
+                       env={**sqlite_env, **big, "FIRST": "2026-01-01T00:00+00:00"})
+    _, guard = started(tmp_path, 1)
+    stop_while_idle(tmp_path, guard)
+    ledger_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    status = owner.wait(60)
+    err = owner.stderr.read() if owner.stderr else ""
+    assert status == 137, err  # --keep-going: the first failure's status
+    assert "cannot run" not in err, err
+    assert query(ledger_url, "SELECT period, status, exit_code FROM once_runs "
+                 "ORDER BY period") == [
+        ("2026-01-01T00:00+00:00", "done", 0), (SECOND, "failed", 137),
+        ("2026-01-01T00:02+00:00", "done", 0), ("2026-01-01T00:03+00:00", "done", 0)]
+    assert query(ledger_url, f"SELECT outcome FROM once_attempts WHERE period = '{SECOND}'"
+                 ) == [("guard-died",)]
+    assert not alive(guard)

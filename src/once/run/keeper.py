@@ -100,10 +100,10 @@ class Keeper:
         # woke it twice a period, each a thread switch on a loaded machine). A guard that
         # does not read (stopped, wedged) holds a message larger than the socket's buffer:
         # the send waits SEND_WAIT at most, and half the time left before the step-down's
-        # moment (the heartbeat starts after it), and what it leaves unsent ends the guard's
-        # requests. The period then ends as one whose guard died before its command
-        # started, and a signal to once is acted on (it waited as long as the guard was
-        # stopped, an outside attacker's finding).
+        # moment (the heartbeat starts after it); then the guard is killed, and the period
+        # ends as one whose guard died before its command started (not one whose command
+        # could not be run), and a signal to once is acted on (it waited as long as the
+        # guard was stopped: outside attackers' findings).
         message = len(payload).to_bytes(4, "big") + payload
         left = SEND_WAIT if deadline is None else (deadline - grace - lease_now()) / 2
         channel.settimeout(max(0.0, min(SEND_WAIT, left)))
@@ -111,9 +111,11 @@ class Keeper:
             sent = socket.send_fds(channel, [message], fds)
             if sent < len(message):  # more than the socket's buffer takes at once
                 channel.sendall(message[sent:])
-        except OSError:  # gone (its report's end says so), or not reading
+        except OSError:  # gone (its report's end says so), or not reading: made gone
             channel.close()
             self.channel = None
+            with suppress(OSError):  # the period's outcome: its guard died (guard-died)
+                os.killpg(self.pid, signal.SIGKILL)
         return self.pid, self.report
 
     def ended(self, kept: bool, stranded: bool) -> None:
