@@ -507,3 +507,42 @@ def test_a_kept_guard_that_does_not_take_its_request_is_a_guard_that_died(
     assert query(ledger_url, f"SELECT outcome FROM once_attempts WHERE period = '{SECOND}'"
                  ) == [("guard-died",)]
     assert not alive(guard)
+
+
+def _pending(pid: int, sig: int) -> bool:
+    """`sig` waits to be delivered to the (stopped) process."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("ShdPnd:", "SigPnd:")) and int(line.split()[1], 16) >> (sig - 1) & 1:
+            return True
+    return False
+
+
+def test_a_stop_signal_that_reaches_the_kept_guard_before_its_command_stops_the_command(
+        sqlite_env: dict[str, str], tmp_path: Path) -> None:
+    # once forwards SIGTERM to the group while the kept guard is yet to read the period's
+    # request (stopped here; slow to wake on a loaded machine): the command must not start
+    # deaf to it. It started, ran to its end, and was recorded interrupted (an outside
+    # attacker's finding); now it is stopped before its start, as a forked guard's command
+    # that the signal reaches before its exec.
+    owner = start_once("catchup", "--job", "late", *MINUTES, "--stale-after", CALM, "--",
+                       "sh", "-c", HOLD_FIRST.format(others="sleep 30"),
+                       env={**sqlite_env, "FIRST": "2026-01-01T00:00+00:00"})
+    _, guard = started(tmp_path, 1)
+    stop_while_idle(tmp_path, guard)
+    try:
+        # The next period claimed and its request sent: once waits for the guard's report
+        # (a signal before the send keeps the command from starting: nothing to forward).
+        wait_for(lambda: query(f"sqlite:///{tmp_path / 'ledger.db'}", "SELECT count(*) FROM "
+                               "once_runs WHERE status = 'running'") == [(1,)]
+                 and _sending(owner.pid), timeout=30, what="the next period's request")
+        os.kill(owner.pid, signal.SIGTERM)
+        wait_for(lambda: _pending(guard, signal.SIGTERM), timeout=30,
+                 what="the SIGTERM forwarded to the stopped guard")
+    finally:
+        os.kill(guard, signal.SIGCONT)
+    status = owner.wait(60)
+    err = owner.stderr.read() if owner.stderr else ""
+    assert status == 143, err
+    assert [key for key, _ in period_log(tmp_path)] == ["2026-01-01T00:00+00:00"], err
+    assert query(f"sqlite:///{tmp_path / 'ledger.db'}", "SELECT status, exit_code FROM "
+                 f"once_runs WHERE period = '{SECOND}'") == [("failed", 143)]

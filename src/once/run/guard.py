@@ -33,6 +33,7 @@ import select
 import signal
 from collections.abc import Callable, Iterable
 from contextlib import suppress
+from typing import NoReturn
 
 from once.deadlines import lease_now
 
@@ -104,13 +105,19 @@ def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
 
 
 def run_one(command: list[str], env: dict[str, str], stdio: dict[int, int], report: int,
-            watch: Watch | None, prepared: bool = False) -> None:
+            watch: Watch | None, prepared: bool = False,
+            held: Callable[[], int] | None = None) -> None:
     """Start the command, report `started`, wait for it (stepping down at the deadline),
     report how it ended; the guard's part for one command (once.run.keeper runs many).
     prepared: the guard's descriptors and signals are already what exec should find
-    (once.run.keeper.prepare), so the command's fork does not set them."""
+    (once.run.keeper.prepare), so the command's fork does not set them. held: the kept
+    guard's, the stop signal that reached it before this command's fork (0: none), reported
+    as a forked guard's command that died of it before its exec."""
     try:
-        child = _start(command, env, stdio, os.getpid(), prepared)
+        child = _start(command, env, stdio, os.getpid(), prepared, held)
+    except _StoppedBeforeStart as stop:
+        os.write(report, f"started\nsignal {stop.number}\n".encode())
+        return
     except OSError as exc:
         os.write(report, f"exec {exc.errno or errno.ENOEXEC}\n".encode())
         return
@@ -134,8 +141,13 @@ _RESTORED = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXF
                   if hasattr(signal, name))
 
 
+class _StoppedBeforeStart(Exception):
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+
 def _start(command: list[str], env: dict[str, str], stdio: dict[int, int], guard: int,
-           prepared: bool = False) -> int:
+           prepared: bool = False, held: Callable[[], int] | None = None) -> int:
     """Fork and exec the command; its pid. OSError (the exec's errno) when it cannot start.
 
     What subprocess.Popen(close_fds=True, restore_signals=True, preexec_fn=...) does, without
@@ -154,8 +166,11 @@ def _start(command: list[str], env: dict[str, str], stdio: dict[int, int], guard
     millisecond of CPU a command, each directory's failed exec copying pages of ours.
     """
     found = found_on_path(command[0], env)
-    errors_r, errors_w = _pipe_above_stdio()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    if held is not None and (number := held()):  # looked at blocked: none comes in between
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise _StoppedBeforeStart(number)
+    errors_r, errors_w = _pipe_above_stdio()
     try:
         pid = os.fork()
     except OSError:
@@ -163,33 +178,9 @@ def _start(command: list[str], env: dict[str, str], stdio: dict[int, int], guard
         os.close(errors_r)
         os.close(errors_w)
         raise
-    if pid != 0:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    else:
-        try:
-            for target, fd in stdio.items():
-                if fd == target:  # dup2 would keep it close-on-exec
-                    os.set_inheritable(fd, True)
-                else:
-                    os.dup2(fd, target)
-            if not prepared:
-                _close_inherited(keep=errors_w)
-                for sig in (*_RESTORED, *FORWARDED):
-                    if sig in _RESTORED or signal.getsignal(sig) != signal.SIG_IGN:
-                        signal.signal(sig, signal.SIG_DFL)
-            _set_parent_death_signal(signal.SIGKILL)
-            if _PRCTL is not None and os.getppid() != guard:
-                os.kill(os.getpid(), signal.SIGKILL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            if found is not None:
-                with suppress(OSError):  # execvpe's own search meets it too, and says so
-                    os.execve(found, command, env)
-            os.execvpe(command[0], command, env)
-        except BaseException as exc:  # a bad name or value in the environment: ENOEXEC
-            number = exc.errno if isinstance(exc, OSError) and exc.errno else errno.ENOEXEC
-            os.write(errors_w, str(number).encode())
-        finally:
-            os._exit(127)
+    if pid == 0:
+        _exec(command, env, stdio, guard, prepared, found, mask, errors_w)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.close(errors_w)
     try:
         failed = os.read(errors_r, 32)  # nothing: the exec closed the pipe
@@ -200,6 +191,39 @@ def _start(command: list[str], env: dict[str, str], stdio: dict[int, int], guard
         number = int(failed) if failed.isdigit() else errno.ENOEXEC
         raise OSError(number, os.strerror(number))
     return pid
+
+
+def _exec(command: list[str], env: dict[str, str], stdio: dict[int, int], guard: int,
+          prepared: bool, found: str | None, mask: set[int | signal.Signals],
+          errors: int) -> NoReturn:
+    """The child's part of _start: its descriptors and signals set, the exec; what fails is
+    written to `errors` as an errno."""
+    try:
+        for target, fd in stdio.items():
+            if fd == target:  # dup2 would keep it close-on-exec
+                os.set_inheritable(fd, True)
+            else:
+                os.dup2(fd, target)
+        if not prepared:
+            _close_inherited(keep=errors)
+        # A kept guard's handlers too: a stop signal from here to the exec must end the
+        # child as it would the command, not be swallowed (it would start deaf to it).
+        for sig in (*(() if prepared else _RESTORED), *FORWARDED):
+            if sig in _RESTORED or signal.getsignal(sig) != signal.SIG_IGN:
+                signal.signal(sig, signal.SIG_DFL)
+        _set_parent_death_signal(signal.SIGKILL)
+        if _PRCTL is not None and os.getppid() != guard:
+            os.kill(os.getpid(), signal.SIGKILL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if found is not None:
+            with suppress(OSError):  # execvpe's own search meets it too, and says so
+                os.execve(found, command, env)
+        os.execvpe(command[0], command, env)
+    except BaseException as exc:  # a bad name or value in the environment: ENOEXEC
+        number = exc.errno if isinstance(exc, OSError) and exc.errno else errno.ENOEXEC
+        os.write(errors, str(number).encode())
+    finally:
+        os._exit(127)
 
 
 def found_on_path(name: str, env: dict[str, str]) -> str | None:

@@ -239,7 +239,8 @@ def serve() -> None:
             _guard.take_terminal(0, os.getpgrp())
         stdio = {target: fds[index] for target, index in targets}
         watch = None if lease_deadline is None else (deadline, lease_deadline, grace)
-        _guard.run_one(command, env, stdio, report, watch, prepared=True)
+        _guard.run_one(command, env, stdio, report, watch, prepared=True, held=_stop_held)
+        del _held[:]  # the command's own from its start (they reach its group)
         if _left_behind():
             return  # its end of file tells the wrapper: the next period gets a new guard
         os.write(report, b"ready\n")
@@ -262,9 +263,27 @@ def prepare() -> None:
         signal.signal(sig, _guard._ignore)
 
 
+# The stop signals that reached this guard since its last command ended: the wrapper sent
+# them to the group for the period whose request it had sent, before its command was there
+# (the guard slow to wake, stopped, starved), and that command must not start deaf to them
+# (an outside attacker's finding: it ran to its end, the signal swallowed here).
+_held: list[int] = []
+
+
+def _hold(signum: int, _frame: object) -> None:
+    _held.append(signum)
+
+
+def _stop_held() -> int:
+    """The first stop signal held, handled or pending (blocked: _start looks with them
+    blocked, so none comes between the look and the fork); 0 for none."""
+    pending = signal.sigpending() & set(_guard.FORWARDED)
+    return _held[0] if _held else int(min(pending, default=0))
+
+
 def _forwarded(ignored: set[int]) -> None:
     for sig in _guard.FORWARDED:  # the command gets these itself: it shares our group
-        signal.signal(sig, signal.SIG_IGN if sig in ignored else _guard._ignore)
+        signal.signal(sig, signal.SIG_IGN if sig in ignored else _hold)
 
 
 def _receive(channel: socket.socket) -> tuple[Any, list[int]] | None:
