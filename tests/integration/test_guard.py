@@ -449,6 +449,14 @@ def _sending(pid: int) -> bool:
     return False
 
 
+def request_on_its_way(tmp_path: Path, pid: int) -> None:
+    """Wait until the next period is claimed and its request sent, or being sent: a signal
+    before the send keeps the command from starting, with nothing to forward."""
+    wait_for(lambda: query(f"sqlite:///{tmp_path / 'ledger.db'}", "SELECT count(*) FROM "
+                           "once_runs WHERE status = 'running'") == [(1,)] and _sending(pid),
+             timeout=30, what="the next period's request")
+
+
 def test_a_stopped_kept_guard_does_not_keep_once_from_a_signal(
         sqlite_env: dict[str, str], tmp_path: Path) -> None:
     # The next period's request is larger than the socket takes (a megabyte of
@@ -466,11 +474,7 @@ def test_a_stopped_kept_guard_does_not_keep_once_from_a_signal(
     _, guard = started(tmp_path, 1)
     stop_while_idle(tmp_path, guard)
     try:
-        # The next period claimed, and its request on its way (a signal before it would
-        # keep the command from starting, the send never begun).
-        wait_for(lambda: query(f"sqlite:///{tmp_path / 'ledger.db'}", "SELECT count(*) FROM "
-                               "once_runs WHERE status = 'running'") == [(1,)]
-                 and _sending(owner.pid), timeout=30, what="the next period's request")
+        request_on_its_way(tmp_path, owner.pid)
         os.kill(owner.pid, signal.SIGTERM)
         began = time.monotonic()
         status = owner.wait(60)
@@ -530,11 +534,7 @@ def test_a_stop_signal_that_reaches_the_kept_guard_before_its_command_stops_the_
     _, guard = started(tmp_path, 1)
     stop_while_idle(tmp_path, guard)
     try:
-        # The next period claimed and its request sent: once waits for the guard's report
-        # (a signal before the send keeps the command from starting: nothing to forward).
-        wait_for(lambda: query(f"sqlite:///{tmp_path / 'ledger.db'}", "SELECT count(*) FROM "
-                               "once_runs WHERE status = 'running'") == [(1,)]
-                 and _sending(owner.pid), timeout=30, what="the next period's request")
+        request_on_its_way(tmp_path, owner.pid)
         os.kill(owner.pid, signal.SIGTERM)
         wait_for(lambda: _pending(guard, signal.SIGTERM), timeout=30,
                  what="the SIGTERM forwarded to the stopped guard")
