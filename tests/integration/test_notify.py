@@ -298,9 +298,19 @@ def test_a_hanging_server_delays_the_exit_by_at_most_the_bound(server: PingServe
             "--", sys.executable, "-c", "import sys, time; open(sys.argv[1], 'w')"
             ".write(repr(time.monotonic())); sys.exit(int(sys.argv[2]))",
             str(tmp_path / f"ran-{status}"), str(status), env=env))
-    for status, (began, proc) in runs.items():
-        out, err = proc.communicate(timeout=bound + 30)
-        took = time.monotonic() - began
+    # Each exit's instant, against the command's own start: once's start-up and claim on a
+    # loaded machine are no ping's delay (from once's start, 21.3 s was seen against 20.5).
+    exited: dict[int, float] = {}
+
+    def both_exited() -> bool:
+        exited.update({status: time.monotonic() for status, (_, proc) in runs.items()
+                       if status not in exited and proc.poll() is not None})
+        return len(exited) == len(runs)
+
+    wait_for(both_exited, timeout=bound + 60, what="both runs to exit")
+    for status, (_, proc) in runs.items():
+        out, err = proc.communicate(timeout=30)
+        took = exited[status] - float((tmp_path / f"ran-{status}").read_text())
         assert proc.returncode == status, err
         assert took < bound, took
         assert KEY not in out + err
@@ -399,6 +409,8 @@ def test_fenced_out_pings_failure_and_runs_on_failure(server: PingServer, env: d
     try:
         def second_ran() -> bool:
             result = once(*args, "--", "touch", str(tmp_path / "second"), env=env)
+            if result.returncode == 75 and "database is locked" in result.stderr:
+                return False  # SQLite: stopped in a renewal, the owner holds the write lock
             assert result.returncode == 0, result.stderr
             return (tmp_path / "second").exists()
 
