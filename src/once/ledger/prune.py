@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    Table,
     and_,
     delete,
     exists,
@@ -129,7 +130,7 @@ def _prune(conn: Connection, target: Target, cut: datetime, dry_run: bool,
         goes = _run_row_goes(target, job, keep.get(job), cut)
         # Attempts first: which ones go depends on the run rows that are about to go.
         result.attempts += _prune_attempts(conn, job, goes, cut, dry_run)
-        result.runs += _prune_runs(conn, job, goes, dry_run)
+        result.runs += _count_or_delete(conn, runs, goes, dry_run)
     if not dry_run:
         _move_expected_ranges(conn, target, gap)
     result.lead_terms = _prune_lead_terms(conn, cut, dry_run)
@@ -149,11 +150,7 @@ def _prune_lead_terms(conn: Connection, cut: datetime, dry_run: bool) -> int:
                                      .group_by(lead_terms.c.name).order_by(lead_terms.c.name)):
         goes = and_(lead_terms.c.name == name, lead_terms.c.term < latest,
                     lead_terms.c.ended_at.is_not(None), lead_terms.c.ended_at < cut)
-        if dry_run:
-            count += int(conn.execute(select(func.count()).select_from(lead_terms)
-                                      .where(goes)).scalar_one())
-        else:
-            count += int(conn.execute(delete(lead_terms).where(goes)).rowcount)
+        count += _count_or_delete(conn, lead_terms, goes, dry_run)
     return count
 
 
@@ -179,18 +176,20 @@ def _needed(conn: Connection, target: Target,
 
 def _run_row_goes(target: Target, job: str, keep_from: datetime | None,
                   cut: datetime) -> ColumnElement[bool]:
-    """What _prune_runs deletes of a job, as one condition on a once_runs row."""
+    """What goes of a job's run rows, as one condition on a once_runs row."""
     if keep_from is None:  # no done row: nothing goes
         return false()
     return and_(runs.c.job == job, runs.c.status == "done", runs.c.finished_at < cut,
                 runs.c.period_start < bind(target, keep_from))
 
 
-def _prune_runs(conn: Connection, job: str, goes: ColumnElement[bool], dry_run: bool) -> int:
+def _count_or_delete(conn: Connection, table: Table, where: ColumnElement[bool],
+                     dry_run: bool) -> int:
+    """The rows of `table` that `where` holds for: counted (--dry-run), else deleted."""
     if dry_run:
-        return int(conn.execute(select(func.count()).select_from(runs).where(goes))
+        return int(conn.execute(select(func.count()).select_from(table).where(where))
                    .scalar_one())
-    return int(conn.execute(delete(runs).where(goes)).rowcount)
+    return int(conn.execute(delete(table).where(where)).rowcount)
 
 
 def _prune_attempts(conn: Connection, job: str, goes: ColumnElement[bool], cut: datetime,
@@ -206,10 +205,7 @@ def _prune_attempts(conn: Connection, job: str, goes: ColumnElement[bool], cut: 
     old = and_(attempts.c.job == job, not_(holds),
                or_(and_(attempts.c.finished_at.is_not(None), attempts.c.finished_at < cut),
                    and_(attempts.c.period != STATE_ROWS, not_(kept_row))))
-    if dry_run:
-        return int(conn.execute(select(func.count()).select_from(attempts).where(old))
-                   .scalar_one())
-    return int(conn.execute(delete(attempts).where(old)).rowcount)
+    return _count_or_delete(conn, attempts, old, dry_run)
 
 
 def _move_expected_ranges(conn: Connection, target: Target,
