@@ -228,7 +228,7 @@ def serve() -> None:
         renewals = _drain(deadline)
         if lease_deadline is not None:
             lease_deadline = _guard.renewed(lease_deadline, False, renewals)
-            if lease_now() >= lease_deadline - grace:
+            if _guard.due(lease_deadline, grace, False, lease_now()) is not None:
                 # Read past the step-down's moment (this guard was stopped or starved): the
                 # period may be another's by now, and its command must not start. Our death
                 # before `started` tells the wrapper so.
@@ -277,8 +277,9 @@ def _hold(signum: int, _frame: object) -> None:
 def _stop_held() -> int:
     """The first stop signal held, handled or pending (blocked: _start looks with them
     blocked, so none comes between the look and the fork); 0 for none."""
-    pending = signal.sigpending() & set(_guard.FORWARDED)
-    return _held[0] if _held else int(min(pending, default=0))
+    if _held:
+        return _held[0]
+    return int(min(signal.sigpending() & set(_guard.FORWARDED), default=0))
 
 
 def _forwarded(ignored: set[int]) -> None:
