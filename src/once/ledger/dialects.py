@@ -197,7 +197,8 @@ class Postgres(Dialect):
         found = conn.exec_driver_sql(pg_tallies.CATALOG, pg_tallies.CATALOG_PARAMS).fetchall()
         if pg_tallies.missing(found):
             with suppress(Exception), conn.begin_nested():
-                conn.exec_driver_sql(pg_tallies.ddl())
+                # Sent with parameters (none): its % signs doubled for the driver.
+                conn.exec_driver_sql(pg_tallies.ddl().replace("%", "%%"), {})
 
 
 class Mysql(Dialect):

@@ -22,6 +22,26 @@ from collections.abc import Iterable
 
 TABLE = "once_tallies"
 
+# Every statement names the tallies by the schema of the table the trigger is on (dynamic
+# SQL, about 10 us a call): a writer whose search_path does not hold it (a DBA's session) or a
+# schema renamed still counts there. Tallies dropped: nothing is counted (the reads count the
+# rows until `once schema` makes them again, from the rows), and nothing fails.
+_WHERE = """
+    tallies text := format('%I.once_tallies', TG_TABLE_SCHEMA);"""
+_MISSING = """
+    IF to_regclass(tallies) IS NULL THEN
+        RETURN NULL;
+    END IF;"""
+_ADD = "EXECUTE format('INSERT INTO %s VALUES ($1, {done}, {attempts})', tallies) USING {job};"
+# One insert in eight folds the job's rows.
+_FOLD_NOW = """
+    IF random() < 0.125 THEN
+        EXECUTE format('SELECT %I.once_tally_fold($1, $2)', TG_TABLE_SCHEMA)
+        USING tallies, NEW.job;
+    END IF;
+    RETURN NULL;
+END
+"""
 # A job's rows folded into one: those no other transaction holds, in READ COMMITTED only (a
 # REPEATABLE READ writer would fail on a row another fold deleted after its snapshot).
 _FOLD = """
@@ -31,72 +51,67 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN;
     END IF;
-    held := ARRAY(SELECT ctid FROM once_tallies WHERE job = j FOR UPDATE SKIP LOCKED);
+    EXECUTE format('SELECT ARRAY(SELECT ctid FROM %s WHERE job = $1 FOR UPDATE SKIP LOCKED)',
+                   tallies) INTO held USING j;
     IF cardinality(held) > 1 THEN
-        WITH g AS (DELETE FROM once_tallies WHERE ctid = ANY (held)
-                   RETURNING done_runs, attempts)
-        INSERT INTO once_tallies SELECT j, sum(g.done_runs), sum(g.attempts) FROM g
-        HAVING sum(g.done_runs) <> 0 OR sum(g.attempts) <> 0;
+        EXECUTE format('WITH g AS (DELETE FROM %1$s WHERE ctid = ANY ($1) '
+                       'RETURNING done_runs, attempts) '
+                       'INSERT INTO %1$s SELECT $2, sum(g.done_runs), sum(g.attempts) FROM g '
+                       'HAVING sum(g.done_runs) <> 0 OR sum(g.attempts) <> 0', tallies)
+        USING held, j;
     END IF;
 END
 """
 # A once_runs row that became done or stopped being done (or moved to another job).
-_RUNS = """
-BEGIN
+_RUNS = f"""
+DECLARE{_WHERE}
+BEGIN{_MISSING}
     IF TG_OP = 'UPDATE' AND OLD.status = 'done' THEN
-        INSERT INTO once_tallies VALUES (OLD.job, -1, 0);
+        {_ADD.format(done=-1, attempts=0, job="OLD.job")}
     END IF;
     IF NEW.status = 'done' THEN
-        INSERT INTO once_tallies VALUES (NEW.job, 1, 0);
-    END IF;
-    IF random() < 0.125 THEN
-        PERFORM once_tally_fold(NEW.job);
-    END IF;
-    RETURN NULL;
-END
-"""
+        {_ADD.format(done=1, attempts=0, job="NEW.job")}
+    END IF;{_FOLD_NOW}"""
 # A once_attempts row inserted (or moved to another job).
-_ATTEMPTS = """
-BEGIN
+_ATTEMPTS = f"""
+DECLARE{_WHERE}
+BEGIN{_MISSING}
     IF TG_OP = 'UPDATE' THEN
-        INSERT INTO once_tallies VALUES (OLD.job, 0, -1);
+        {_ADD.format(done=0, attempts=-1, job="OLD.job")}
     END IF;
-    INSERT INTO once_tallies VALUES (NEW.job, 0, 1);
-    IF random() < 0.125 THEN
-        PERFORM once_tally_fold(NEW.job);
-    END IF;
-    RETURN NULL;
-END
-"""
+    {_ADD.format(done=0, attempts=1, job="NEW.job")}{_FOLD_NOW}"""
 # A DELETE's rows, one delta a job (a prune deletes a million in a few statements).
-_RUNS_GONE = """
-BEGIN
-    INSERT INTO once_tallies
-    SELECT job, -count(*), 0 FROM gone WHERE status = 'done' GROUP BY job;
+_RUNS_GONE = f"""
+DECLARE{_WHERE}
+BEGIN{_MISSING}
+    EXECUTE format('INSERT INTO %s SELECT job, -count(*), 0 FROM gone '
+                   'WHERE status = ''done'' GROUP BY job', tallies);
     RETURN NULL;
 END
 """
-_ATTEMPTS_GONE = """
-BEGIN
-    INSERT INTO once_tallies SELECT job, 0, -count(*) FROM gone GROUP BY job;
+_ATTEMPTS_GONE = f"""
+DECLARE{_WHERE}
+BEGIN{_MISSING}
+    EXECUTE format('INSERT INTO %s SELECT job, 0, -count(*) FROM gone GROUP BY job', tallies);
     RETURN NULL;
 END
 """
 # TRUNCATE: what its table's rows added, taken back (it waited for every writer of it).
-_TRUNCATED = """
-BEGIN
+_TRUNCATED = f"""
+DECLARE{_WHERE}
+BEGIN{_MISSING}
     IF TG_TABLE_NAME = 'once_runs' THEN
-        INSERT INTO once_tallies SELECT job, -sum(done_runs), 0 FROM once_tallies
-        GROUP BY job HAVING sum(done_runs) <> 0;
+        EXECUTE format('INSERT INTO %1$s SELECT job, -sum(done_runs), 0 FROM %1$s '
+                       'GROUP BY job HAVING sum(done_runs) <> 0', tallies);
     ELSE
-        INSERT INTO once_tallies SELECT job, 0, -sum(attempts) FROM once_tallies
-        GROUP BY job HAVING sum(attempts) <> 0;
+        EXECUTE format('INSERT INTO %1$s SELECT job, 0, -sum(attempts) FROM %1$s '
+                       'GROUP BY job HAVING sum(attempts) <> 0', tallies);
     END IF;
     RETURN NULL;
 END
 """
 # (function, its arguments, its body).
-FUNCTIONS = (("once_tally_fold", "j text", "void", _FOLD),
+FUNCTIONS = (("once_tally_fold", "tallies text, j text", "void", _FOLD),
              ("once_tally_runs", "", "trigger", _RUNS),
              ("once_tally_attempts", "", "trigger", _ATTEMPTS),
              ("once_tally_runs_gone", "", "trigger", _RUNS_GONE),
