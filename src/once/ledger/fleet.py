@@ -161,6 +161,10 @@ class Snapshot:
         # bounds, so a fleet's reads hand back the same few values tens of thousands of times.
         self._times: dict[Any, datetime] = {}
         self._tallied: bool | None = None  # tallied(): not asked yet
+        # Whether counts may come from the tallies: the scrapes' (once.report.commands'
+        # metrics_text) alone. The verdicts a person reads (status, check, the dashboard)
+        # count the rows themselves, within their goals without them.
+        self.tallies_allowed = False
 
     @classmethod
     @contextmanager
@@ -268,8 +272,11 @@ class Snapshot:
                                               self._range_params(ranges))]
 
     def tallied(self) -> bool:
-        """Whether the ledger keeps the tallies and every trigger of theirs is there,
-        enabled and once's own (PostgreSQL: once.ledger.pg_tallies), asked once."""
+        """Whether counts come from the tallies: allowed (tallies_allowed), and the ledger
+        keeps them with every trigger of theirs there, enabled and once's own (PostgreSQL:
+        once.ledger.pg_tallies), asked once."""
+        if not self.tallies_allowed:
+            return False
         if self._tallied is None:
             self._tallied = False
             if self.dialect == "postgresql":

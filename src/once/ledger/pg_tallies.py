@@ -167,18 +167,23 @@ def ddl() -> str:
     return f"DO $tallies$ BEGIN\n{body};\nEND $tallies$"
 
 
-# What the catalog says of them, in the schema where once_runs is: the tallies' table and
-# where it is, then (trigger, its table, enabled, its function, that function's body) for
-# each trigger whose name is one of ours. A body that is not ours, a trigger disabled, or one
-# missing, and the reads count the rows.
+# What the catalog says of them, in the schema where once_runs is: whether the tallies' table
+# is there and can be trusted (in once_runs' schema; on a logical replica, whose apply fires
+# no trigger, only if the tallies are replicated with both tables), then (trigger, its table,
+# enabled, its function, that function's body) for each trigger of ours. A body that is not
+# ours, a trigger disabled or missing, and the reads count the rows.
 CATALOG = """
-    SELECT (SELECT c.relnamespace FROM pg_class c WHERE c.oid = to_regclass('once_tallies'))
-           = (SELECT c.relnamespace FROM pg_class c WHERE c.oid = to_regclass('once_runs')),
+    SELECT coalesce((SELECT c.relnamespace FROM pg_class c
+                     WHERE c.oid = to_regclass('once_tallies'))
+                    = (SELECT c.relnamespace FROM pg_class c
+                       WHERE c.oid = to_regclass('once_runs')), false),
+           (SELECT count(DISTINCT s.srrelid) FROM pg_subscription_rel s
+                WHERE s.srrelid IN (to_regclass('once_runs'), to_regclass('once_attempts'),
+                                    to_regclass('once_tallies'))) IN (0, 3),
            t.tgname, c.relname, t.tgenabled, p.proname, p.prosrc
     FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_proc p ON p.oid = t.tgfoid
     WHERE t.tgrelid IN (to_regclass('once_runs'), to_regclass('once_attempts'))
       AND t.tgname = ANY (%(names)s)"""
-
 CATALOG_PARAMS = {"names": [name for name, *_ in TRIGGERS]}
 _BODIES = {name: body for name, _, _, body in FUNCTIONS}
 EXPECTED = {(name, table, function, _BODIES[function])
@@ -190,16 +195,16 @@ def missing(rows: Iterable[tuple[object, ...]]) -> bool:
     (`once schema`). One disabled, or another release's body, is left as it is."""
     rows = list(rows)
     return (not all(row[0] for row in rows)
-            or {row[1] for row in rows} != {name for name, *_ in TRIGGERS})
+            or {row[2] for row in rows} != {name for name, *_ in TRIGGERS})
 
 
 def usable(rows: Iterable[tuple[object, ...]]) -> bool:
     """Whether CATALOG's rows say every trigger is there, enabled and ours, and the table in
-    once_runs' schema (enabled: 'O' where the session is an origin, 'A' always; 'D' off, 'R'
-    on a logical replica's apply alone)."""
+    once_runs' schema (enabled as made, 'O': where the session is an origin; 'A', always,
+    would count twice what a logical replica's apply writes, tallies included)."""
     found = set()
-    for same_schema, name, table, enabled, function, body in rows:
-        if not same_schema or enabled not in ("O", "A"):
+    for here, replicated_alike, name, table, enabled, function, body in rows:
+        if not (here and replicated_alike) or enabled != "O":
             return False
         found.add((name, table, function, body))
     return found == EXPECTED
