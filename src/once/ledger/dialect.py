@@ -25,7 +25,6 @@ from once.ledger import errors
 from once.ledger.records import Failure, from_db_time
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection as SqlalchemyConnection
     from sqlalchemy.engine import Dialect as SqlalchemyDialect
 
     from once.ledger.base import Ledger
@@ -159,10 +158,6 @@ class Dialect:
     def extra_ddl(self) -> Iterator[str]:
         """What `once schema --sql` prints after the tables' statements (none)."""
         return iter(())
-
-    def extra_setup(self, conn: SqlalchemyConnection) -> None:
-        """What the tables' creation or upgrade (once.ledger.schema) makes after them, in
-        their transaction, where it is missing (nothing)."""
 
     # -- SQL fragments
 

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
     import psycopg
     from psycopg.rows import TupleRow
-    from sqlalchemy.engine import Connection as SqlalchemyConnection
 
     from once.ledger.base import Ledger
     from once.ledger.dbapi import Connection, MysqlConnection, Params, Row
@@ -183,22 +182,9 @@ class Postgres(Dialect):
         return instant.astimezone(UTC)
 
     def extra_ddl(self) -> Iterator[str]:
-        from once.ledger import pg_tallies
         from once.ledger.pg_claim import stored_claim  # optional: the claim a catch-up calls
 
         yield stored_claim().create()
-        yield pg_tallies.ddl()
-
-    def extra_setup(self, conn: SqlalchemyConnection) -> None:
-        """The tallies (once.ledger.pg_tallies), where a trigger of theirs is missing: made
-        where the role may (a savepoint: a refusal leaves the reads counting the rows)."""
-        from once.ledger import pg_tallies
-
-        found = conn.exec_driver_sql(pg_tallies.CATALOG, pg_tallies.CATALOG_PARAMS).fetchall()
-        if pg_tallies.missing(found):
-            with suppress(Exception), conn.begin_nested():
-                # Sent with parameters (none): its % signs doubled for the driver.
-                conn.exec_driver_sql(pg_tallies.ddl().replace("%", "%%"), {})
 
 
 class Mysql(Dialect):

@@ -160,11 +160,6 @@ class Snapshot:
         # Times read, by the value the driver gave: jobs of a schedule share their periods'
         # bounds, so a fleet's reads hand back the same few values tens of thousands of times.
         self._times: dict[Any, datetime] = {}
-        self._tallied: bool | None = None  # tallied(): not asked yet
-        # Whether counts may come from the tallies: the scrapes' (once.report.commands'
-        # metrics_text) alone. The verdicts a person reads (status, check, the dashboard)
-        # count the rows themselves, within their goals without them.
-        self.tallies_allowed = False
 
     @classmethod
     @contextmanager
@@ -258,34 +253,6 @@ class Snapshot:
                 counts[offset + int(i)] = int(n)
         return counts
 
-    def done_counts_across(self, ranges: Sequence[tuple[str, datetime, datetime]]
-                           ) -> list[int]:
-        """done_counts for ranges that hold most of each job's done rows (a survey's due
-        ranges, from the job's first period): where PostgreSQL keeps the tallies, each job's
-        tally less its done rows outside the range (once.ledger.pg_tallies), not a count of
-        every done row in it."""
-        if not ranges or not self.tallied():
-            return self.done_counts(ranges)
-        from once.ledger.pg_tallies import DONE_IN_RANGES
-
-        return [int(n) for _, n in self._read(f"{_RANGES[self.dialect]} {DONE_IN_RANGES}",
-                                              self._range_params(ranges))]
-
-    def tallied(self) -> bool:
-        """Whether counts come from the tallies: allowed (tallies_allowed), and the ledger
-        keeps them with every trigger of theirs there, enabled and once's own (PostgreSQL:
-        once.ledger.pg_tallies), asked once."""
-        if not self.tallies_allowed:
-            return False
-        if self._tallied is None:
-            self._tallied = False
-            if self.dialect == "postgresql":
-                from once.ledger import pg_tallies
-
-                self._tallied = pg_tallies.usable(
-                    self._read(pg_tallies.CATALOG, pg_tallies.CATALOG_PARAMS))
-        return self._tallied
-
     def open_rows(self, names: Sequence[str]) -> list[RunRow]:
         """The running and failed rows of the jobs, by job and period start (SQLite and
         PostgreSQL: in one statement, the names as one JSON list or array; a fleet's 10,000
@@ -312,20 +279,12 @@ class Snapshot:
             return self._for_names(ATTEMPT_TALLY, names)
         if not names:
             return []
-        totals = {job: int(n) for job, n in self._read(self._attempt_totals(),
+        totals = {job: int(n) for job, n in self._read(ATTEMPT_TOTALS[self.dialect],
                                                        {"names": self._names(names)})}
         found = self._for_names(UNUSUAL_TALLY, names)
         for job, _status, n, *_ in found:
             totals[job] -= int(n)
         return found + [(job, "done", n, 0, 0, 0) for job, n in totals.items() if n]
-
-    def _attempt_totals(self) -> str:
-        """ATTEMPT_TOTALS, or on PostgreSQL with the tallies their sums."""
-        if not self.tallied():
-            return ATTEMPT_TOTALS[self.dialect]
-        from once.ledger.pg_tallies import ATTEMPTS
-
-        return ATTEMPTS.format(state=f"'{STATE_PERIOD}'")
 
     def failure_output_ends(self, keys: Sequence[tuple[str, str, int]]) -> list[Row]:
         """(job, period, attempt, output_end) of these attempts: primary-key lookups."""

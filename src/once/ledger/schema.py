@@ -185,7 +185,6 @@ def _create_locked(conn: Connection, target: Target, statement_timeout: float) -
                 conn.execute(text(backend.transaction_lock))
             metadata.create_all(conn, checkfirst=True)
             upgrade(conn, backend)
-            backend.extra_setup(conn)
             limit = commit(conn, target, statement_timeout)
         if limit is not None:  # made on the primary alone: the first claim would wait too
             raise LedgerError(f"cannot create the ledger's tables in {target.redacted}: "

@@ -278,9 +278,7 @@ def metrics(target: Target, namespace: str | None) -> int:
 def metrics_text(snap: Snapshot, namespace: str | None) -> str:
     """What `once metrics` prints (and once serve's /metrics): every job (of the namespace)
     from its counts (survey_jobs without detail, and its latest done row), its attempts
-    counted, and the lead names (read last: it may end the snapshot). Its counts may come
-    from PostgreSQL's tallies (once.ledger.pg_tallies): a scrape every 15 s."""
-    snap.tallies_allowed = True
+    counted, and the lead names (read last: it may end the snapshot)."""
     states, _ = survey_jobs(snap, None, namespace, detail=False)
     read_last_done(snap, [s for s in states if not s.detailed])
     counts = attempt_counts(snap, [s.name for s in states])

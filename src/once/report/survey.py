@@ -214,7 +214,7 @@ def _count_done(snap: Snapshot, states: list[JobState]) -> None:
         if end is not None and s.first is not None:
             due.append(s)
             ranges.append((s.name, s.first.start, end))
-    for s, n in zip(due, snap.done_counts_across(ranges), strict=True):
+    for s, n in zip(due, snap.done_counts(ranges), strict=True):
         s.done_due = n
 
 
