@@ -345,6 +345,7 @@ class Ledger:
         ORDER BY started_at DESC LIMIT 1"""
 
     # Seconds since a row's heartbeat, by the database's clock (per dialect).
+    RENEW: ClassVar[str] = ""  # each dialect's: the attempt's heartbeat, fenced
     HEARTBEAT_AGE: ClassVar[str] = ""
     # A row whose heartbeat is within its owner's promise, by the database's clock.
     FRESH: ClassVar[str] = ""
@@ -416,6 +417,15 @@ class Ledger:
         raise NotImplementedError
 
     def _renew(self, params: Params) -> bool:
+        """The attempt's renewal: one statement on its own (_single)."""
+        return self._single(self.RENEW, params) == 1
+
+    def _single(self, sql: str, params: Params) -> int:
+        """One write as a transaction of its own, committed by the server as it ends (the
+        rows it changed): nothing is held between round trips, so a process stopped right
+        after it (SIGSTOP, a suspended VM) holds no lock. A COMMIT sent apart left SQLite's
+        write lock or a MySQL row lock held for as long as the renewing process was stopped,
+        and no other process could take the row or the lease over. Renewals use it."""
         raise NotImplementedError
 
     def _finish(self, params: Params) -> bool:

@@ -192,6 +192,13 @@ class Leases:
 
         return ledger._with_schema(attempt, doing)
 
+    def _one(self, doing: str, sql: str, params: Params) -> int:
+        """One statement as its own transaction (Ledger._single: a process stopped after it
+        holds no lock that would keep the others from the lease), the tables made if
+        missing; the rows it changed."""
+        ledger = cast("Any", self.ledger)
+        return int(ledger._with_schema(lambda: ledger._single(self._sql(sql), params), doing))
+
     # -- a candidate
 
     PEEK = """
@@ -301,14 +308,13 @@ class Leases:
     def stand(self, name: str, holder: str, owner: str) -> None:
         """Say that this candidate waits (for the reports)."""
         params = {"name": name, "holder": holder, "owner": owner}
-        self._run("cannot stand as a candidate in",
-                  lambda execute: execute(self._upsert(self.STAND, self.STAND_CONFLICT), params))
+        self._one("cannot stand as a candidate in",
+                  self._upsert(self.STAND, self.STAND_CONFLICT), params)
 
     def withdraw(self, name: str, holder: str) -> None:
         """This candidate waits no more."""
         params = {"name": name, "holder": holder}
-        self._run("cannot withdraw the candidate from",
-                  lambda execute: execute(self.WITHDRAW, params))
+        self._one("cannot withdraw the candidate from", self.WITHDRAW, params)
 
     # -- the holder
 
@@ -322,13 +328,7 @@ class Leases:
     def renew(self, name: str, holder: str, term: int, lease: float) -> bool:
         """Extend our lease; False when it is no longer ours (taken, released, retired)."""
         params = {"name": name, "holder": holder, "term": term, "lease": float(lease)}
-        if self.dialect == "postgresql":  # one statement, autocommit: one round trip
-            ledger = cast("Any", self.ledger)
-            with ledger._errors("cannot renew the lease in"):
-                ledger.connect()
-                return bool(ledger._execute(self._sql(self.RENEW), params).rowcount == 1)
-        return bool(self._run("cannot renew the lease in",
-                              lambda execute: execute(self.RENEW, params).rowcount == 1))
+        return self._one("cannot renew the lease in", self.RENEW, params) == 1
 
     RELEASE = """
         UPDATE once_leases SET holder = NULL, owner = NULL, expires_at = {now}

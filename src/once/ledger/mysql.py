@@ -411,9 +411,14 @@ class MysqlLedger(Ledger):
         cur.execute(self.SETTLE_RUN, {**params, "exit_code": row[1], "finished_at": row[2]})
         return True
 
-    def _renew(self, params: Params) -> bool:
-        with self._transaction() as cur:
-            return bool(cur.execute(self.RENEW, params) == 1)
+    def _single(self, sql: str, params: Params) -> int:
+        # Autocommit for this statement alone (the connection's transactions are explicit).
+        # Without CLIENT.FOUND_ROWS the count is of rows changed (a renewal changes its time).
+        self._conn.autocommit(True)
+        try:
+            return int(self._conn.cursor().execute(sql, params))
+        finally:
+            self._conn.autocommit(False)
 
     def _write(self, sql: str, params: Params) -> None:
         with self._transaction() as cur:

@@ -356,8 +356,8 @@ class PostgresLedger(Ledger):
         return Claim(True, attempt, fence, status, owner, age, state, version,
                      claim_id=params["claim_id"])
 
-    def _renew(self, params: Params) -> bool:
-        return bool(self._execute(self.RENEW, params).rowcount == 1)
+    def _single(self, sql: str, params: Params) -> int:
+        return int(self._execute(sql, params).rowcount)  # autocommit: one round trip
 
     def _write(self, sql: str, params: Params) -> None:
         self._execute(sql, params)

@@ -299,9 +299,9 @@ class SqliteLedger(Ledger):
         if locks is not None:
             locks.close()
 
-    def _renew(self, params: Params) -> bool:
-        with self._transaction() as cur:
-            return bool(cur.execute(self.RENEW, params).rowcount == 1)
+    def _single(self, sql: str, params: Params) -> int:
+        # isolation_level=None: a statement outside BEGIN is its own transaction.
+        return int(self._conn.execute(sql, params).rowcount)
 
     KEEP_OUTPUT = """
         UPDATE once_attempts SET output = :output
