@@ -340,6 +340,9 @@ class FakeMysql:
     def commit(self) -> None:
         self.said.append("COMMIT")
 
+    def autocommit(self, value: bool) -> None:
+        self.said.append(f"SET AUTOCOMMIT = {int(value)}")
+
     def rollback(self) -> None:
         self.said.append("ROLLBACK")
         if self.fail_rollback:
@@ -355,8 +358,16 @@ def _mysql(conn: FakeMysql) -> MysqlLedger:
 
 def test_a_mysql_transaction_commits_when_its_block_ends() -> None:
     conn = FakeMysql()
+    _mysql(conn)._write("UPDATE x", {})
+    assert conn.said == ["UPDATE x", "COMMIT"]
+
+
+def test_a_mysql_renewal_is_committed_by_the_server_as_it_ends() -> None:
+    """No COMMIT sent apart: a process stopped after the UPDATE holds no row lock (real
+    processes: tests/integration/test_stopped_renewal.py)."""
+    conn = FakeMysql()
     assert _mysql(conn)._renew({})
-    assert conn.said == [MysqlLedger.RENEW, "COMMIT"]
+    assert conn.said == ["SET AUTOCOMMIT = 1", MysqlLedger.RENEW, "SET AUTOCOMMIT = 0"]
 
 
 @pytest.mark.parametrize("fail_rollback", [False, True])

@@ -412,8 +412,7 @@ class MysqlLedger(Ledger):
         return True
 
     def _single(self, sql: str, params: Params) -> int:
-        # Autocommit for this statement alone (the connection's transactions are explicit).
-        # Without CLIENT.FOUND_ROWS the count is of rows changed (a renewal changes its time).
+        # Autocommit for it alone; the count is of rows changed (no CLIENT.FOUND_ROWS).
         self._conn.autocommit(True)
         try:
             return int(self._conn.cursor().execute(sql, params))
