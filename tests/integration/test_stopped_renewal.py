@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from helpers import ONCE, wait_for
@@ -88,38 +90,46 @@ def _stopped(pid: int) -> bool:
     return fields is not None and fields[0] == "T"
 
 
-def test_a_process_stopped_after_its_renewal_holds_no_lock(
-        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+@contextmanager
+def stopped_by_its_renewal(kind: str, ledger_url: str, env: dict[str, str],
+                           tmp_path: Path) -> Iterator[None]:
+    """OWNER as `kind` (claim, lead), until it has stopped itself at its first renewal;
+    SIGKILLed at the end (which ends a stopped process too)."""
     script = tmp_path / "owner.py"
     script.write_text(OWNER)
-    owner = subprocess.Popen([sys.executable, str(script), ledger_url, "claim"],
-                             env=once_env, stderr=subprocess.PIPE, text=True)
+    owner = subprocess.Popen([sys.executable, str(script), ledger_url, kind], env=env,
+                             stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: _stopped(owner.pid) or owner.poll() is not None, timeout=60,
                  what="the owner stopped by its renewal")
         assert owner.poll() is None, owner.stderr.read() if owner.stderr else ""
-        # Another job's claim and finish: SQLite's write lock is free.
-        other = subprocess.run([ONCE, "run", "--job", "other", "--every", "hour", "--", "true"],
-                               env=once_env, capture_output=True, text=True, timeout=120)
-        assert other.returncode == 0, other.stderr
-        if not ledger_url.startswith("sqlite"):
-            # Its own row, once stale, is taken over: no row lock held (on SQLite a live
-            # owner keeps its claim by its own OS lock, stopped or not: docs).
-            (stale,) = query(ledger_url, "SELECT stale_after FROM once_runs WHERE job = 'held'")[0]
-            assert float(stale) == 2.0
-            def take() -> str | None:  # a fire skips while the row is fresh
-                fire = subprocess.run(
-                    [ONCE, "run", "--job", "held", "--every", "hour", "--stale-after", "2s",
-                     "--", "true"], env=once_env, capture_output=True, text=True, timeout=120)
-                assert fire.returncode == 0, fire.stderr
-                return fire.stderr if "took over as attempt 2" in fire.stderr else None
-
-            wait_for(take, timeout=60, what="the stopped owner's row taken over")
-            assert query(ledger_url, "SELECT status, attempt FROM once_runs "
-                                     "WHERE job = 'held'") == [("done", 2)]
+        yield
     finally:
-        owner.kill()  # SIGKILL ends a stopped process too
+        owner.kill()
         owner.wait(timeout=30)
+
+
+def _run(env: dict[str, str], job: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([ONCE, "run", "--job", job, "--every", "hour", *extra, "--", "true"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_a_process_stopped_after_its_renewal_holds_no_lock(
+        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    with stopped_by_its_renewal("claim", ledger_url, once_env, tmp_path):
+        _run(once_env, "other")  # another job's claim and finish: SQLite's write lock is free
+        if ledger_url.startswith("sqlite"):
+            return  # a live owner keeps its claim by its OS lock, stopped or not (by design)
+        # Its own row, once stale, is taken over: no row lock is held.
+        (stale,) = query(ledger_url, "SELECT stale_after FROM once_runs WHERE job = 'held'")[0]
+        assert float(stale) == 2.0
+        wait_for(lambda: "took over as attempt 2" in _run(once_env, "held", "--stale-after",
+                                                            "2s").stderr,
+                 timeout=60, what="the stopped owner's row taken over")  # skips while fresh
+        assert query(ledger_url, "SELECT status, attempt FROM once_runs "
+                                 "WHERE job = 'held'") == [("done", 2)]
 
 
 def test_a_leader_stopped_after_its_renewal_holds_no_lock(
@@ -127,25 +137,12 @@ def test_a_leader_stopped_after_its_renewal_holds_no_lock(
     """The lease's renewal: a candidate leads once the stopped leader's lease has run out
     (SQLite: the ledger's write lock is free; the lead name's OS lock stays with the live
     leader's process, stopped or not, by design: docs/concepts/leases.md, "on SQLite, also")."""
-    script = tmp_path / "leader.py"
-    script.write_text(OWNER)
-    leader = subprocess.Popen([sys.executable, str(script), ledger_url, "lead"],
-                              env=once_env, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: _stopped(leader.pid) or leader.poll() is not None, timeout=60,
-                 what="the leader stopped by its renewal")
-        assert leader.poll() is None, leader.stderr.read() if leader.stderr else ""
+    with stopped_by_its_renewal("lead", ledger_url, once_env, tmp_path):
         if ledger_url.startswith("sqlite"):
-            other = subprocess.run([ONCE, "run", "--job", "other", "--every", "hour", "--",
-                                    "true"], env=once_env, capture_output=True, text=True,
-                                   timeout=120)
-            assert other.returncode == 0, other.stderr
+            _run(once_env, "other")
             return
         led = subprocess.run([ONCE, "lead", "--name", "beat", "--lease", "3s", "--", "sh",
                               "-c", "echo $ONCE_TERM"], env=once_env, capture_output=True,
                              text=True, timeout=120)
         assert led.returncode == 0, led.stderr
         assert led.stdout.strip() == "2", led.stdout
-    finally:
-        leader.kill()  # SIGKILL ends a stopped process too
-        leader.wait(timeout=30)
