@@ -194,8 +194,8 @@ class Leases:
 
     def _one(self, doing: str, sql: str, params: Params) -> int:
         """One statement as its own transaction (Ledger._single: a process stopped after it
-        holds no lock that would keep the others from the lease), the tables made if
-        missing; the rows it changed."""
+        holds no lock that would keep the others waiting), the tables made if missing; the
+        rows it changed."""
         ledger = cast("Any", self.ledger)
         return int(ledger._with_schema(lambda: ledger._single(self._sql(sql), params), doing))
 
@@ -328,7 +328,10 @@ class Leases:
     def renew(self, name: str, holder: str, term: int, lease: float) -> bool:
         """Extend our lease; False when it is no longer ours (taken, released, retired)."""
         params = {"name": name, "holder": holder, "term": term, "lease": float(lease)}
-        return self._one("cannot renew the lease in", self.RENEW, params) == 1
+        ledger = cast("Any", self.ledger)
+        with ledger._errors("cannot renew the lease in"):  # as an attempt's: no patience
+            ledger.connect()
+            return bool(ledger._single(self._sql(self.RENEW), params) == 1)
 
     RELEASE = """
         UPDATE once_leases SET holder = NULL, owner = NULL, expires_at = {now}
