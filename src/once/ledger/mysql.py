@@ -412,12 +412,12 @@ class MysqlLedger(Ledger):
         return True
 
     def _single(self, sql: str, params: Params) -> int:
-        # Autocommit for it alone; the count is of rows changed (no CLIENT.FOUND_ROWS).
-        self._conn.autocommit(True)
+        conn = self._conn  # the one it began on (one abandoned for a late answer stays so)
+        conn.autocommit(True)  # for this statement alone; it counts the rows changed
         try:
-            return int(self._conn.cursor().execute(sql, params))
+            return int(conn.cursor().execute(sql, params))
         finally:
-            self._conn.autocommit(False)
+            conn.autocommit(False)
 
     def _write(self, sql: str, params: Params) -> None:
         with self._transaction() as cur:
