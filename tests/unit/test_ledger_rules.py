@@ -46,6 +46,10 @@ class OperationalError(Exception):
     """A DB-API driver's connection failure, by its class name (as PyMySQL's)."""
 
 
+class InterfaceError(Exception):
+    """PyMySQL's error for a statement on a connection it closed: InterfaceError(0, '')."""
+
+
 def _refused(conn: sqlite3.Connection, sql: str, params: tuple[object, ...] = (),
              *others: sqlite3.Connection) -> sqlite3.Error:
     """The error conn raises for sql (conn and others closed after); AssertionError if it ran."""
@@ -327,6 +331,7 @@ class FakeMysql:
     def __init__(self, fail_rollback: bool = False) -> None:
         self.said: list[str] = []
         self.fail_rollback = fail_rollback
+        self.open = True
 
     def cursor(self) -> FakeMysql:
         return self
@@ -334,6 +339,7 @@ class FakeMysql:
     def execute(self, sql: str, params: Any = None) -> int:
         self.said.append(sql)
         if sql == "boom":
+            self.open = False  # as PyMySQL force-closes a connection it lost
             raise OperationalError(2013, "Lost connection to MySQL server during query")
         return 1
 
@@ -341,6 +347,8 @@ class FakeMysql:
         self.said.append("COMMIT")
 
     def autocommit(self, value: bool) -> None:
+        if not self.open:
+            raise InterfaceError(0, "")
         self.said.append(f"SET AUTOCOMMIT = {int(value)}")
 
     def rollback(self) -> None:
@@ -368,6 +376,15 @@ def test_a_mysql_renewal_is_committed_by_the_server_as_it_ends() -> None:
     conn = FakeMysql()
     assert _mysql(conn)._renew({})
     assert conn.said == ["SET AUTOCOMMIT = 1", MysqlLedger.RENEW, "SET AUTOCOMMIT = 0"]
+
+
+def test_a_mysql_renewal_that_loses_its_connection_says_why() -> None:
+    """The connection the error closed is not asked to leave autocommit (PyMySQL would raise
+    InterfaceError(0, '') over the real cause: an outside attacker's finding)."""
+    conn = FakeMysql()
+    with pytest.raises(OperationalError, match="Lost connection"):
+        _mysql(conn)._single("boom", {})
+    assert conn.said == ["SET AUTOCOMMIT = 1", "boom"]
 
 
 @pytest.mark.parametrize("fail_rollback", [False, True])

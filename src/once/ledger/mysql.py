@@ -86,8 +86,7 @@ class MysqlLedger(Ledger):
         VALUES (%(job)s, %(period)s, 'running', 1, %(fence)s, %(owner)s, %(period_start)s,
                 %(period_end)s, {_MY_NOW}, {_MY_NOW}, %(stale_after)s, %(claim_id)s)"""
 
-    # Stale by the owner's promise (the row's stale_after, as the WHERE clause reads the row
-    # before the update), never by ours.
+    # Stale by the owner's promise (the row's stale_after, read before the update), not ours.
     TAKE_OVER = f"""
         UPDATE once_runs SET
             attempt = LAST_INSERT_ID(attempt + 1), status = 'running', fence = %(fence)s,
@@ -417,7 +416,8 @@ class MysqlLedger(Ledger):
         try:
             return int(conn.cursor().execute(sql, params))
         finally:
-            conn.autocommit(False)
+            if conn.open:  # one the error closed opens without autocommit; its error stands
+                conn.autocommit(False)
 
     def _write(self, sql: str, params: Params) -> None:
         with self._transaction() as cur:
