@@ -97,9 +97,7 @@ def test_one_child_at_a_time_through_kills_pauses_and_signals(
         assert "released term" in (said := leader.stderr.read()), said  # not left to run out
         leader, guard, kid = leader_of(procs, log, since=killed_at)
         first = min(s.first for s in spans(log) if s.pid == kid)
-        # A candidate leads within a second or so of the release: `make bench` times that gap
-        # (lead rows); here a loaded machine's bound (3.0 s was passed by 0.3 s at load 10).
-        assert first - killed_at < TAKEOVER
+        assert first - killed_at < TAKEOVER  # released: the gap itself is bench's (TAKEOVER)
         procs.append(start_lead(once_env, log, "--rejoin"))
 
         # Stopped past its lease: the guard stops the child by the deadline; woken, the old
@@ -126,7 +124,7 @@ def test_one_child_at_a_time_through_kills_pauses_and_signals(
         assert "released term" in said, said  # at once, not left to run out
         _, _, last_kid = leader_of(procs, log, since=termed_at + 0.2)
         first = min(s.first for s in spans(log) if s.pid == last_kid)
-        assert first - termed_at < TAKEOVER  # as above: the gap itself is bench's
+        assert first - termed_at < TAKEOVER  # as above
     finally:
         stop_all(procs)
     found = judge(log)
