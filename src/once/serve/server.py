@@ -15,7 +15,6 @@ get STOP_WAIT, exit 0.
 
 from __future__ import annotations
 
-import gc
 import signal
 import socket
 import sys
@@ -33,7 +32,6 @@ from once.serve.reads import Reads
 MAX_CLIENTS = 32  # requests served at once (their request line and headers read)
 MAX_READERS = 256  # connections whose request line and headers are still being read
 STOP_WAIT = 5.0  # seconds a stop waits for the answers under way
-GC_THRESHOLD = 50_000  # allocations between two runs of the cycle collector (serve())
 
 
 class Server(Serving):
@@ -126,10 +124,6 @@ def serve(settings: ServeOptions, host: str, port: int) -> int:
     if settings.hosts.anything:
         say("serve: --allow-host '*': any Host is answered, so a web page that rebinds its "
             "name to this address can read these pages (DNS rebinding)")
-    # A read of a large fleet makes hundreds of thousands of objects that reference counting
-    # frees: at the default threshold (700 allocations) the cycle collector ran hundreds of
-    # times a read, a sixth of `/api/status`'s CPU over 10,000 jobs. Cycles wait longer.
-    gc.set_threshold(GC_THRESHOLD, 10, 10)
     try:
         server.serve_forever(poll_interval=0.5)
     finally:
