@@ -1,10 +1,15 @@
 """A three-node MariaDB Galera cluster on loopback, for tests/integration/test_galera.py: three
 `mariadbd --wsrep-on=ON` from Debian's mariadb-server and galera-4, each with a data
-directory of its own, SQL on 331N, group communication on 456N, incremental state transfer
-on 457N and snapshot transfer (rsync) on 458N. The first node starts a new cluster, the
-other two join it empty and get its data by rsync. Run as the `mysql` user (as root, the
-joiner's rsync would write as `nobody` and fail). Optional: haproxy on 3310 in front of it,
-node 1 the writer, nodes 2 and 3 its backups, as Galera is usually fronted.
+directory of its own. The first node starts a new cluster, the other two join it empty and
+get its data by rsync. Run as the `mysql` user (as root, the joiner's rsync would write as
+`nobody` and fail). Optional: haproxy in front of it, node 1 the writer, nodes 2 and 3 its
+backups, as Galera is usually fronted.
+
+Its ports are a block of its own (Ports): the first of BLOCKS whose lock file this process
+can lock and whose ports nobody listens on. A node killed and started again binds the same
+ports, so they come from below the kernel's ephemeral range (a client's connection never
+holds one), and the lock (released by the kernel when its holder dies, however) keeps two
+sessions on one machine, or a session and `make torture`, from picking the same block.
 
 Started once per session by tests/conftest.py when ONCE_TEST_BACKENDS names `galera` (a
 cluster that does not start fails the session, never skips), stopped at its end. Under
@@ -26,8 +31,9 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -38,11 +44,38 @@ from procs import reaped
 
 NODES = (1, 2, 3)
 PROVIDER = "/usr/lib/galera/libgalera_smm.so"
-PROXY_PORT = 3310
+# The blocks of ports a cluster may take (Ports), each from its base: below the kernel's
+# ephemeral range (32768 on), clear of the servers' usual ports.
+BLOCKS = range(13300, 14300, 100)
 
 
-def sql_port(node: int) -> int:
-    return 3310 + node
+@dataclass(frozen=True)
+class Ports:
+    """A cluster's ports, from its block's base: haproxy's on base, node N's SQL on base + N,
+    group communication on base + 10 + N, incremental state transfer on base + 20 + N and
+    snapshot transfer (rsync) on base + 30 + N."""
+
+    base: int
+
+    @property
+    def proxy(self) -> int:
+        return self.base
+
+    def sql(self, node: int) -> int:
+        return self.base + node
+
+    def gcomm(self, node: int) -> int:
+        return self.base + 10 + node
+
+    def ist(self, node: int) -> int:
+        return self.base + 20 + node
+
+    def sst(self, node: int) -> int:
+        return self.base + 30 + node
+
+    def all(self) -> list[int]:
+        return [self.proxy, *(port(n) for n in NODES
+                              for port in (self.sql, self.gcomm, self.ist, self.sst))]
 
 
 class NodeProcess:
@@ -94,8 +127,10 @@ class GaleraCluster:
         self.procs: dict[int, NodeProcess] = {}
         self.proxy: subprocess.Popen[bytes] | None = None
         self.owner = root is None  # the process that stops it at the end
+        self.block_lock: int | None = None  # the owner's: its block's lock file, open
         if root is not None:
             self.root = root
+            self.ports = Ports(int((root / "ports").read_text()))
             self.procs = {node: NodeProcess(pid) for node in NODES
                           if (pid := self._launched(node)) is not None}
             return
@@ -108,13 +143,10 @@ class GaleraCluster:
             raise RuntimeError(f"a Galera cluster needs {', '.join(missing)} (Debian's "
                                f"mariadb-server, galera-4 and rsync)")
         _reclaim_abandoned()
-        busy = [port for port in (PROXY_PORT, *(p for n in NODES for p in self._ports(n)))
-                if _listening(port)]
-        if busy:
-            raise RuntimeError(f"port {busy[0]} is taken, which the Galera test cluster needs "
-                               f"(another session's cluster, or not a cluster of ours)")
+        self.ports, self.block_lock = _free_block()
         self.root = Path(tempfile.mkdtemp(prefix="once-galera-"))
         (self.root / "session.pid").write_text(str(os.getpid()))
+        (self.root / "ports").write_text(str(self.ports.base))
         self._own(self.root)
 
     # -- life ----------------------------------------------------------------------------
@@ -176,11 +208,14 @@ class GaleraCluster:
             reaped(proc, 60)  # type: ignore[arg-type]
         self.procs.clear()
         shutil.rmtree(self.root, ignore_errors=True)
+        if self.block_lock is not None:
+            os.close(self.block_lock)  # the block is free for the next cluster
+            self.block_lock = None
 
     # -- haproxy in front ----------------------------------------------------------------
 
     def start_proxy(self) -> str:
-        """haproxy on 127.0.0.1:3310, node 1 the writer and 2, 3 its backups (a new
+        """haproxy on the block's first port, node 1 the writer and 2, 3 its backups (a new
         connection goes to the first that is up); its URL without a database."""
         if self.proxy is None:
             haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin")
@@ -188,22 +223,28 @@ class GaleraCluster:
                 raise RuntimeError("haproxy is not installed (Debian's haproxy; .ci/run "
                                    "installs it)")
             config = self.root / "haproxy.cfg"
-            config.write_text(_haproxy_config())
+            config.write_text(_haproxy_config(self.ports))
             with open(self.root / "haproxy.log", "wb") as log:
                 self.proxy = subprocess.Popen([haproxy, "-db", "-f", str(config)],
                                               stdout=log, stderr=log)
             (self.root / "haproxy.pid").write_text(str(self.proxy.pid))
-            wait_for(lambda: self._answers(PROXY_PORT), timeout=30, what="haproxy to answer")
-        return f"mariadb://root@127.0.0.1:{PROXY_PORT}"
+            wait_for(lambda: self._answers(self.ports.proxy), timeout=30,
+                     what="haproxy to answer")
+        return f"mariadb://root@127.0.0.1:{self.ports.proxy}"
 
     # -- reading it ----------------------------------------------------------------------
 
     def url(self, node: int, database: str) -> str:
-        return f"mariadb://root@127.0.0.1:{sql_port(node)}/{database}"
+        return f"mariadb://root@127.0.0.1:{self.ports.sql(node)}/{database}"
+
+    def hosts_url(self, nodes: Sequence[int], database: str) -> str:
+        """A URL that lists these nodes, in this order."""
+        hosts = ",".join(f"127.0.0.1:{self.ports.sql(n)}" for n in nodes)
+        return f"mariadb://root@{hosts}/{database}"
 
     def execute(self, node: int, sql: str, database: str | None = None
                 ) -> list[tuple[object, ...]]:
-        return server_rows(sql_port(node), sql, database)
+        return server_rows(self.ports.sql(node), sql, database)
 
     def new_database(self) -> str:
         """A fresh database (made on node 1, so on every node): its name."""
@@ -217,7 +258,7 @@ class GaleraCluster:
     def watch(self, node: int) -> Iterator[NodeWatch]:
         """One connection to the node, held for the block, to refuse its clients' queries and
         see them come back (the node accepts queries again at the block's end)."""
-        watcher = NodeWatch(node)
+        watcher = NodeWatch(self.ports.sql(node))
         try:
             yield watcher
         finally:
@@ -254,10 +295,6 @@ class GaleraCluster:
 
     # -- plumbing ------------------------------------------------------------------------
 
-    @staticmethod
-    def _ports(node: int) -> tuple[int, ...]:
-        return sql_port(node), 4560 + node, 4570 + node, 4580 + node
-
     def _user(self) -> list[str]:
         return ["--user=mysql"] if self.as_mysql else []
 
@@ -278,20 +315,22 @@ class GaleraCluster:
 
     def _launch(self, node: int, *extra: str) -> None:
         home = self.root / f"n{node}"
-        peers = ",".join(f"127.0.0.1:{4560 + n}" for n in NODES)
-        provider = (f"gmcast.listen_addr=tcp://127.0.0.1:{4560 + node};"
-                    f"ist.recv_addr=127.0.0.1:{4570 + node};gcache.size=16M")
+        ports = self.ports
+        peers = ",".join(f"127.0.0.1:{ports.gcomm(n)}" for n in NODES)
+        provider = (f"gmcast.listen_addr=tcp://127.0.0.1:{ports.gcomm(node)};"
+                    f"ist.recv_addr=127.0.0.1:{ports.ist(node)};gcache.size=16M")
         popen = subprocess.Popen(
             [str(self.mariadbd), "--no-defaults", *self._user(), f"--datadir={home}/data",
-             f"--port={sql_port(node)}", "--bind-address=127.0.0.1",
+             f"--port={ports.sql(node)}", "--bind-address=127.0.0.1",
              f"--socket={home}/socket", f"--pid-file={home}/pid",
              f"--log-error={home}/error.log", "--skip-name-resolve", "--skip-log-bin",
              "--innodb-buffer-pool-size=16M", "--innodb-log-file-size=16M",
              "--max-connections=300", "--binlog-format=ROW", "--innodb-autoinc-lock-mode=2",
              "--default-storage-engine=InnoDB", "--wsrep-on=ON", f"--wsrep-provider={PROVIDER}",
              "--wsrep-cluster-name=once-test", f"--wsrep-cluster-address=gcomm://{peers}",
-             f"--wsrep-node-address=127.0.0.1:{4560 + node}", f"--wsrep-node-name=n{node}",
-             "--wsrep-sst-method=rsync", f"--wsrep-sst-receive-address=127.0.0.1:{4580 + node}",
+             f"--wsrep-node-address=127.0.0.1:{ports.gcomm(node)}",
+             f"--wsrep-node-name=n{node}", "--wsrep-sst-method=rsync",
+             f"--wsrep-sst-receive-address=127.0.0.1:{ports.sst(node)}",
              f"--wsrep-provider-options={provider}", *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.procs[node] = NodeProcess(popen.pid, popen)
@@ -304,10 +343,10 @@ class NodeWatch:
     statement failed. One connection of its own, so that the count of connections the node
     has seen grows by the others' alone."""
 
-    def __init__(self, node: int) -> None:
+    def __init__(self, port: int) -> None:
         import pymysql
 
-        self.conn = pymysql.connect(host="127.0.0.1", port=sql_port(node), user="root",
+        self.conn = pymysql.connect(host="127.0.0.1", port=port, user="root",
                                     autocommit=True, connect_timeout=5)
 
     def connections(self) -> int:
@@ -338,11 +377,11 @@ class NodeWatch:
         self.conn.close()
 
 
-def _haproxy_config() -> str:
+def _haproxy_config(ports: Ports) -> str:
     # TCP checks every 200 ms, down after two misses; a connection refused by a server not yet
     # marked down goes to the next one (redispatch).
     servers = "\n".join(
-        f"    server n{n} 127.0.0.1:{sql_port(n)} check{'' if n == 1 else ' backup'}"
+        f"    server n{n} 127.0.0.1:{ports.sql(n)} check{'' if n == 1 else ' backup'}"
         for n in NODES)
     return f"""global
     maxconn 1000
@@ -357,9 +396,31 @@ defaults
     default-server inter 200ms fall 2 rise 2
 
 listen galera
-    bind 127.0.0.1:{PROXY_PORT}
+    bind 127.0.0.1:{ports.proxy}
 {servers}
 """
+
+
+def _free_block() -> tuple[Ports, int]:
+    """The first block whose lock this process takes and whose ports are all free, and its
+    lock file's descriptor (held open: the lock lasts as long as it, or this process)."""
+    import fcntl
+
+    for base in BLOCKS:
+        path = Path(tempfile.gettempdir()) / f"once-galera-ports-{base}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another session's cluster
+            os.close(fd)
+            continue
+        ports = Ports(base)
+        if not any(map(_listening, ports.all())):
+            return ports, fd
+        os.close(fd)  # not a cluster of ours: a server of the machine's
+    raise RuntimeError(f"no block of ports for the Galera test cluster is free: each of the "
+                       f"{len(BLOCKS)} from {BLOCKS[0]} is another session's or has a port "
+                       f"taken")
 
 
 def _reclaim_abandoned() -> None:

@@ -43,7 +43,6 @@ import private_galera  # the Galera cluster of the suite's tests
 import replicas  # the PostgreSQL pairs of the suite's failover tests
 
 JOB = "ha"
-PORT_WAIT = 600.0  # seconds to wait for the Galera cluster's fixed ports (another run's)
 
 
 class Failovers(Background):
@@ -264,22 +263,12 @@ def _postgres(config: Config, backend: Backend, outdir: Path) -> list[Row]:
 
 
 def _cluster(title: str) -> private_galera.GaleraCluster | Row:
-    """The Galera cluster, once its fixed ports are free (another run's cluster may hold
-    them: wait for it); a row saying why not, when it cannot run here."""
-    deadline = time.monotonic() + PORT_WAIT
-    said = False
-    while True:
-        try:
-            return private_galera.GaleraCluster()
-        except RuntimeError as exc:
-            if "is taken" not in str(exc):
-                return not_applicable(title, str(exc))
-            if time.monotonic() > deadline:
-                raise
-            if not said:
-                print(f"  ha: {exc}; waiting up to {PORT_WAIT:.0f}s", flush=True)
-                said = True
-            time.sleep(5)
+    """The Galera cluster (on a block of ports of its own: another run's cluster may hold
+    others); a row saying why not, when it cannot run here."""
+    try:
+        return private_galera.GaleraCluster()
+    except RuntimeError as exc:
+        return not_applicable(title, str(exc))
 
 
 def _galera(config: Config, backend: Backend, outdir: Path) -> list[Row]:
@@ -300,8 +289,7 @@ def _galera(config: Config, backend: Backend, outdir: Path) -> list[Row]:
                 return f"node{node}", cluster.url(node, database)
             first = pick.randrange(len(nodes))
             order = [nodes[(first + i) % len(nodes)] for i in range(len(nodes))]
-            hosts = ",".join(f"127.0.0.1:{private_galera.sql_port(n)}" for n in order)
-            return "host list", f"mariadb://root@{hosts}/{database}"
+            return "host list", cluster.hosts_url(order, database)
 
         def reader() -> str:
             return cluster.url(next(n for n in nodes if n != servers.dead), database)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ONCE, release_together, run_once, wait_for
-from private_galera import NODES, GaleraCluster, sql_port
+from private_galera import NODES, GaleraCluster
 from procs import start_once
 
 pytestmark = pytest.mark.slow
@@ -100,7 +100,7 @@ def test_the_owners_node_killed_as_its_command_ends_the_finish_lands_on_another(
     if route == "haproxy":
         url = f"{galera.start_proxy()}/{database}"
     else:
-        url = f"mariadb://root@{','.join(f'127.0.0.1:{sql_port(n)}' for n in NODES)}/{database}"
+        url = galera.hosts_url(NODES, database)
     env = _env(tmp_path)
     ran = tmp_path / "ran"
     writer = galera.procs[1].pid
@@ -167,7 +167,8 @@ def test_a_claim_that_decides_from_a_read_decides_as_the_takeover_would(
             VALUES ('j', '{period}', '{status}', {attempt}, 1, 'them', UTC_TIMESTAMP(),
                     UTC_TIMESTAMP(), UTC_TIMESTAMP(),
                     UTC_TIMESTAMP() - INTERVAL {age} SECOND, 30)""", database)
-    conn = pymysql.connect(host="127.0.0.1", port=3311, user="root", database=database)
+    conn = pymysql.connect(host="127.0.0.1", port=galera.ports.sql(1), user="root",
+                           database=database)
     decided = []
     try:
         for period, rerun in ((p, r) for p in range(len(rows)) for r in (0, 1)):
