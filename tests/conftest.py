@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import uuid
@@ -60,6 +61,16 @@ from helpers import ONCE  # noqa: E402
 # unless a test says otherwise (tests/integration/test_unnamed_ledger.py).
 os.environ.pop("KUBERNETES_SERVICE_HOST", None)
 os.environ["_ONCE_SYSTEM_ROOT"] = tempfile.mkdtemp(prefix="once-root-")
+
+# A signal ignored when once starts stays ignored for its command (docs/reference/run.md), and
+# every `once` the suite starts inherits the suite's: the tests of a forwarded SIGHUP or
+# SIGQUIT fail under `nohup` (SIGHUP ignored) or as a script's background job (SIGINT and
+# SIGQUIT ignored). The suite starts its processes as cron would, with them at their default.
+for _number in (signal.SIGHUP, signal.SIGQUIT):
+    if signal.getsignal(_number) == signal.SIG_IGN:
+        signal.signal(_number, signal.SIG_DFL)
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The modules whose tests also run through PgBouncer: the races and liveness.
 PGBOUNCER_MODULES = ("test_run.py", "test_liveness.py", "test_lead.py")
