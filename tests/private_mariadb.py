@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -73,8 +74,19 @@ class PrivateMariadb:
         return f"{self.url}/{name}"
 
     def stop(self) -> None:
+        if self.proc.poll() is not None:  # it died under the tests (mariadbd crashed once
+            self._keep_log()              # in CI, a null pointer): its log tells why
         stopped(self.proc)
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def _keep_log(self) -> None:
+        """The error log of a server that died, in ONCE_TEST_ARTIFACTS (default:
+        test-artifacts/), as private-mariadb-PORT.log."""
+        kept = Path(os.environ.get("ONCE_TEST_ARTIFACTS")
+                    or Path(__file__).resolve().parents[1] / "test-artifacts")
+        kept.mkdir(parents=True, exist_ok=True)
+        with suppress(OSError):
+            shutil.copyfile(self.log, kept / f"private-mariadb-{self.port}.log")
 
 
 def mariadb_binaries() -> tuple[str, str]:
