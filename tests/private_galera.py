@@ -407,8 +407,9 @@ def _free_block() -> tuple[Ports, int]:
     import fcntl
 
     for base in BLOCKS:
-        path = Path(tempfile.gettempdir()) / f"once-galera-ports-{base}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _lock_file(Path(tempfile.gettempdir()) / f"once-galera-ports-{base}.lock")
+        if fd is None:  # another user's, which this one may not open: taken
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # another session's cluster
@@ -421,6 +422,17 @@ def _free_block() -> tuple[Ports, int]:
     raise RuntimeError(f"no block of ports for the Galera test cluster is free: each of the "
                        f"{len(BLOCKS)} from {BLOCKS[0]} is another session's or has a port "
                        f"taken")
+
+
+def _lock_file(path: Path) -> int | None:
+    """The lock file, open for reading (all flock needs: another user's made it readable),
+    made if missing; None when it cannot be opened."""
+    with suppress(FileNotFoundError):
+        return os.open(path, os.O_RDONLY)
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+    except OSError:
+        return None
 
 
 def _reclaim_abandoned() -> None:
