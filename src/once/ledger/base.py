@@ -167,10 +167,15 @@ class Ledger:
 
     def renew(self, job: str, key: str, claim: Claim) -> bool:
         """Refresh the heartbeat of our attempt; False when the row is no longer ours."""
-        params = _ours(job, key, claim)
-        with self._errors("cannot renew the claim in"):
+        return self.renewed("cannot renew the claim in", self.RENEW, _ours(job, key, claim))
+
+    def renewed(self, doing: str, sql: str, params: Params) -> bool:
+        """A renewal (an attempt's heartbeat, a lease's): one statement as its own transaction
+        (_single), sent at once, without a patient connect (a late renewal is a lost one);
+        True when it changed the row, still ours."""
+        with self._errors(doing):
             self.connect()
-            return self._renew(params)
+            return self._single(sql, params) == 1
 
     def finish(self, job: str, key: str, claim: Claim, status: Status,
                exit_code: int | None, outcome: str, state: str | None = None,
@@ -344,8 +349,8 @@ class Ledger:
         WHERE job = %(job)s AND command_hash IS NOT NULL
         ORDER BY started_at DESC LIMIT 1"""
 
-    # Seconds since a row's heartbeat, by the database's clock (per dialect).
     RENEW: ClassVar[str] = ""  # each dialect's: the attempt's heartbeat, fenced
+    # Seconds since a row's heartbeat, by the database's clock (per dialect).
     HEARTBEAT_AGE: ClassVar[str] = ""
     # A row whose heartbeat is within its owner's promise, by the database's clock.
     FRESH: ClassVar[str] = ""
@@ -415,10 +420,6 @@ class Ledger:
 
     def _claim(self, params: Params) -> Claim:
         raise NotImplementedError
-
-    def _renew(self, params: Params) -> bool:
-        """The attempt's renewal: one statement on its own (_single)."""
-        return self._single(self.RENEW, params) == 1
 
     def _single(self, sql: str, params: Params) -> int:
         """One write as a transaction of its own, committed by the server as it ends (the

@@ -328,10 +328,7 @@ class Leases:
     def renew(self, name: str, holder: str, term: int, lease: float) -> bool:
         """Extend our lease; False when it is no longer ours (taken, released, retired)."""
         params = {"name": name, "holder": holder, "term": term, "lease": float(lease)}
-        ledger = cast("Any", self.ledger)
-        with ledger._errors("cannot renew the lease in"):  # as an attempt's: no patience
-            ledger.connect()
-            return bool(ledger._single(self._sql(self.RENEW), params) == 1)
+        return self.ledger.renewed("cannot renew the lease in", self._sql(self.RENEW), params)
 
     RELEASE = """
         UPDATE once_leases SET holder = NULL, owner = NULL, expires_at = {now}
