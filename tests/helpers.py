@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 ONCE = str(Path(sys.executable).with_name("once"))
+# Where tests keep what a run leaves for a person to look at (screenshots, a crashed server's
+# log): ONCE_TEST_ARTIFACTS, default test-artifacts/ at the repository's root.
+ARTIFACTS = Path(os.environ.get("ONCE_TEST_ARTIFACTS")
+                 or Path(__file__).resolve().parents[1] / "test-artifacts")
 
 # Waits on a shared flock of the file in argv[1], then becomes argv[2:].
 _LAUNCH = "import fcntl,os,sys; f=open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_SH); " \

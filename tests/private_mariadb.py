@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import wait_for
+from helpers import ARTIFACTS, wait_for
 from ledger_sql import server_rows
 from procs import stopped
 from replicas import free_port
@@ -82,11 +82,9 @@ class PrivateMariadb:
     def _keep_log(self) -> None:
         """The error log of a server that died, in ONCE_TEST_ARTIFACTS (default:
         test-artifacts/), as private-mariadb-PORT.log."""
-        kept = Path(os.environ.get("ONCE_TEST_ARTIFACTS")
-                    or Path(__file__).resolve().parents[1] / "test-artifacts")
-        kept.mkdir(parents=True, exist_ok=True)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
         with suppress(OSError):
-            shutil.copyfile(self.log, kept / f"private-mariadb-{self.port}.log")
+            shutil.copyfile(self.log, ARTIFACTS / f"private-mariadb-{self.port}.log")
 
 
 def mariadb_binaries() -> tuple[str, str]:

@@ -27,12 +27,11 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from devtools import Browser
-from helpers import run_once, wait_for
+from helpers import ARTIFACTS, run_once, wait_for
 from procs import start_once
 from serving import Served
 
 ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = Path(os.environ.get("ONCE_TEST_ARTIFACTS") or ROOT / "test-artifacts")
 HOSTILE = "<script>console.error('escaped?')</script>"
 OWNER = "batch-worker-eu-west-1c-7f9d8b6c4-x2kqp:48213"  # a pod's name: long, as owners are
 
