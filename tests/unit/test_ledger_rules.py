@@ -372,7 +372,7 @@ def test_a_mysql_transaction_commits_when_its_block_ends() -> None:
 
 def test_a_mysql_renewal_is_committed_by_the_server_as_it_ends() -> None:
     """No COMMIT sent apart: a process stopped after the UPDATE holds no row lock (real
-    processes: tests/integration/test_stopped_renewal.py)."""
+    processes: tests/integration/test_stopped_process.py)."""
     conn = FakeMysql()
     assert _mysql(conn)._single(MysqlLedger.RENEW, {}) == 1
     assert conn.said == ["SET AUTOCOMMIT = 1", MysqlLedger.RENEW, "SET AUTOCOMMIT = 0"]

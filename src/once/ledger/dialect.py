@@ -32,6 +32,16 @@ if TYPE_CHECKING:
     from once.ledger.url import Target
 
 
+# How long a session may sit idle inside a transaction that has written before its server ends
+# it (rolled back, its locks let go): a process stopped (SIGSTOP, a frozen VM) or cut off in
+# the middle of a transaction of several statements then holds a job's row (every claim of
+# the job waits) or a lease's (no candidate can lead) this long, not until it is continued or
+# the server finds its connection gone (hours: TCP's keepalive). Far above the moments
+# between once's own statements on a loaded machine; below the read timeout (10 s by default)
+# of the statements that wait behind it. Dialect.write_begin and the MySQL-family session.
+IDLE_WRITER = 5  # seconds
+
+
 class Dialect:
     """What every backend answers; the subclasses below say how each does it."""
 
@@ -58,6 +68,9 @@ class Dialect:
     output_end_sql: ClassVar[str] = "right({column}, {n})"
     # The statements that begin the survey's read-only snapshot on its own connection.
     snapshot_begin: ClassVar[tuple[str, ...]] = ()
+    # What begins a transaction of several statements on the hot path's ledger (a lease's
+    # acquire or release, a state's write) where the server must be told IDLE_WRITER in it.
+    write_begin: ClassVar[tuple[str, ...]] = ()
     # The schema lock (once.ledger.schema): a session lock taken before the creation's
     # transaction and released after its commit (take, release), or one the transaction
     # takes and its end releases; a file's own write lock (begin_immediate) otherwise.

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from once.ledger import errors
 from once.ledger import url as parsing
-from once.ledger.dialect import Dialect
-from once.ledger.records import from_db_time
+from once.ledger.dialect import IDLE_WRITER, Dialect
+from once.ledger.records import error_code, from_db_time
 from once.ledger.url import Target, UrlError, check_port, path_url, redact
 
 if TYPE_CHECKING:
@@ -162,6 +162,9 @@ class Postgres(Dialect):
         conn.read_only = True  # its first read begins the snapshot
         return conn
 
+    # Any transaction's idle time, a read's too: set only where once writes (Dialect).
+    write_begin = (f"SET LOCAL idle_in_transaction_session_timeout = {IDLE_WRITER * 1000}",)
+
     def read_only_begin(self, timeout: float) -> tuple[str, ...]:
         # Read-only by the postgresql_readonly option (snapshot_options).
         return (f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}",)
@@ -212,7 +215,9 @@ class Mysql(Dialect):
                 **options: Any) -> MysqlConnection:
         from once.ledger.connect import mysql
 
-        return mysql(target, timeout, statements, options)
+        conn = mysql(target, timeout, statements, options)
+        _bound_idle_writers(conn)
+        return conn
 
     def snapshot_connection(self, target: Target) -> MysqlConnection:
         return self.connect(target, 10, autocommit=False)
@@ -236,6 +241,23 @@ class Mysql(Dialect):
 
     def quote(self, name: str) -> str:
         return f"`{name}`"
+
+
+def _bound_idle_writers(conn: MysqlConnection) -> None:
+    """MariaDB (10.3 and later) ends this session once it has sat IDLE_WRITER seconds inside
+    a transaction that wrote: a claimer stopped inside its claim holds the job's row no longer.
+    MySQL has no such bound (docs/concepts/liveness.md); not asked, it costs no round trip."""
+    if "mariadb" not in conn.get_server_info().lower():
+        return
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SET SESSION idle_write_transaction_timeout = {IDLE_WRITER}")
+    except Exception as exc:
+        if error_code(exc) != _UNKNOWN_VARIABLE:  # before 10.3
+            raise
+
+
+_UNKNOWN_VARIABLE = 1193
 
 
 REGISTRY: dict[str, Dialect] = {d.name: d for d in (Sqlite(), Postgres(), Mysql())}

@@ -385,7 +385,7 @@ class PostgresLedger(Ledger):
     def _set_state(self, params: Params) -> int:
         # One transaction: a CTE's update cannot see its sibling's insert, and a seed on a
         # ledger that refuses us is rolled back.
-        with self._watched(), self._conn.transaction():
+        with self._transaction():
             if params["seed"]:
                 self._execute(self.SEED_JOB, params)
             row = self._execute(self.SET_STATE, params).fetchone()
@@ -397,9 +397,13 @@ class PostgresLedger(Ledger):
     @contextmanager
     def _transaction(self) -> Iterator[psycopg.Cursor[TupleRow]]:
         """One transaction under the watchdog, its statements in the pyformat style, committed
-        when the block ends (as sqlite's and mysql's: once.ledger.leases)."""
+        when the block ends (as sqlite's and mysql's: once.ledger.leases); the server ends it
+        if it sits idle IDLE_WRITER seconds (a process stopped inside it)."""
         with self._watched(), self._conn.transaction():
-            yield self._conn.cursor()
+            cur = self._conn.cursor()
+            for statement in self.backend.write_begin:
+                cur.execute(statement)
+            yield cur
 
     def _execute(self, sql: str, params: Params) -> psycopg.Cursor[TupleRow]:
         """Execute under a watchdog (_watched)."""

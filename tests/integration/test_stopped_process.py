@@ -1,11 +1,21 @@
-"""A process stopped (SIGSTOP, a suspended VM) right after its renewal's statement holds no
-lock: a renewal is one statement, committed by the server as it ends (Ledger._single). When
-the COMMIT was sent apart, a process stopped between the two kept SQLite's write lock (every
-other writer of the ledger waited, then exited 75) or, on MySQL/MariaDB, the row's lock (no
-host could take the period over until it was continued or the server dropped its session).
+"""A process stopped (SIGSTOP, a suspended VM) inside its work with the ledger holds no lock
+for long.
 
-Real processes on every backend: an owner that claims through once.claim and stops itself
-the moment its driver has run the renewal's UPDATE, and real `once run` beside it.
+Right after its renewal's statement it holds none: a renewal is one statement, committed by
+the server as it ends (Ledger._single). When the COMMIT was sent apart, a process stopped
+between the two kept SQLite's write lock (every other writer of the ledger waited, then
+exited 75) or, on MySQL/MariaDB, the row's lock (no host could take the period over until it
+was continued or the server dropped its session).
+
+Inside a transaction of several statements (MySQL/MariaDB's claim, a lease's acquire) it
+holds its locks until the server ends its session, IDLE_WRITER seconds after its last
+statement (MariaDB's idle_write_transaction_timeout, PostgreSQL's
+idle_in_transaction_session_timeout): before, every claim of the job exited 75, or no
+candidate could lead, for as long as it stayed stopped.
+
+Real processes on every backend: an owner that claims through once.claim (or leads through
+once.lead) and stops itself the moment its driver has run a given statement, and real
+`once run` and `once lead` beside it.
 """
 
 from __future__ import annotations
@@ -21,7 +31,8 @@ from ledger_sql import query
 from procs import stat
 
 # The owner: once.claim with a 2 s promise (a renewal every 2/3 s); its connection wrapped so
-# that the process stops itself once the driver has run the first renewal.
+# that the process stops itself once the driver has run the first statement that begins
+# with one of argv[3]'s (`|` between them).
 OWNER = r"""
 import os, signal, sys, time
 
@@ -34,10 +45,9 @@ cls = of(parse_url(url)).ledger_class()
 opened = cls._open
 
 
-def renewal(sql):
+def stops_at(sql):
     said = " ".join(str(sql).split())
-    return said.startswith(("UPDATE once_runs SET heartbeat_at",
-                            "UPDATE once_leases SET renewed_at"))
+    return said.startswith(tuple(sys.argv[3].split("|")))
 
 
 class Stops:
@@ -51,7 +61,7 @@ class Stops:
         setattr(self.inner, name, value)
 
     def _then(self, sql, result):
-        if renewal(sql):
+        if stops_at(sql):
             os.kill(os.getpid(), signal.SIGSTOP)
         return result
 
@@ -90,18 +100,22 @@ def _stopped(pid: int) -> bool:
     return fields is not None and fields[0] == "T"
 
 
+RENEWALS = "UPDATE once_runs SET heartbeat_at|UPDATE once_leases SET renewed_at"
+
+
 @contextmanager
-def stopped_by_its_renewal(kind: str, ledger_url: str, env: dict[str, str],
-                           tmp_path: Path) -> Iterator[None]:
-    """OWNER as `kind` (claim, lead), until it has stopped itself at its first renewal;
-    SIGKILLed at the end (which ends a stopped process too)."""
+def stopped_at(kind: str, ledger_url: str, env: dict[str, str], tmp_path: Path,
+               statements: str = RENEWALS) -> Iterator[None]:
+    """OWNER as `kind` (claim, lead), until it has stopped itself at the first of
+    `statements` (by default its first renewal); SIGKILLed at the end (which ends a stopped
+    process too)."""
     script = tmp_path / "owner.py"
     script.write_text(OWNER)
-    owner = subprocess.Popen([sys.executable, str(script), ledger_url, kind], env=env,
-                             stderr=subprocess.PIPE, text=True)
+    owner = subprocess.Popen([sys.executable, str(script), ledger_url, kind, statements],
+                             env=env, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: _stopped(owner.pid) or owner.poll() is not None, timeout=60,
-                 what="the owner stopped by its renewal")
+                 what=f"the owner stopped at {statements}")
         assert owner.poll() is None, owner.stderr.read() if owner.stderr else ""
         yield
     finally:
@@ -118,7 +132,7 @@ def _run(env: dict[str, str], job: str, *extra: str) -> subprocess.CompletedProc
 
 def test_a_process_stopped_after_its_renewal_holds_no_lock(
         ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
-    with stopped_by_its_renewal("claim", ledger_url, once_env, tmp_path):
+    with stopped_at("claim", ledger_url, once_env, tmp_path):
         _run(once_env, "other")  # another job's claim and finish: SQLite's write lock is free
         if ledger_url.startswith("sqlite"):
             return  # a live owner keeps its claim by its OS lock, stopped or not (by design)
@@ -137,7 +151,7 @@ def test_a_leader_stopped_after_its_renewal_holds_no_lock(
     """The lease's renewal: a candidate leads once the stopped leader's lease has run out
     (SQLite: the ledger's write lock is free; the lead name's OS lock stays with the live
     leader's process, stopped or not, by design: docs/concepts/leases.md, "on SQLite, also")."""
-    with stopped_by_its_renewal("lead", ledger_url, once_env, tmp_path):
+    with stopped_at("lead", ledger_url, once_env, tmp_path):
         if ledger_url.startswith("sqlite"):
             _run(once_env, "other")
             return
@@ -146,3 +160,35 @@ def test_a_leader_stopped_after_its_renewal_holds_no_lock(
                              text=True, timeout=120)
         assert led.returncode == 0, led.stderr
         assert led.stdout.strip() == "2", led.stdout
+
+
+def test_a_claimer_stopped_inside_its_claim_holds_the_job_for_moments(
+        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    """MySQL/MariaDB's claim is a transaction of several statements: one stopped after it
+    wrote the job's row holds that row's lock until the server ends its session (MariaDB:
+    IDLE_WRITER seconds idle in the transaction), then it is rolled back and the next claim of
+    the job wins the period. PostgreSQL's claim is one statement; SQLite's holds the file's
+    write lock (docs/concepts/liveness.md says so)."""
+    if not ledger_url.startswith(("mysql", "mariadb")):
+        return
+    with stopped_at("claim", ledger_url, once_env, tmp_path, "INSERT INTO once_runs"):
+        _run(once_env, "held")  # exit 0: it won the period, and its command ran
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs "
+                             "WHERE job = 'held'") == [("done", 1)]
+
+
+def test_a_candidate_stopped_inside_its_acquire_holds_the_lease_for_moments(
+        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    """A lease's acquire is a transaction of several statements: a candidate stopped after its
+    UPDATE took the row holds the row's lock until the server ends its session, IDLE_WRITER
+    seconds idle in the transaction (PostgreSQL, MariaDB), which rolls its term back: another
+    candidate leads, in the first term. SQLite: the stopped process keeps the name's OS lock
+    and the file's write lock (docs/concepts/leases.md)."""
+    if ledger_url.startswith("sqlite"):
+        return
+    with stopped_at("lead", ledger_url, once_env, tmp_path, "UPDATE once_leases SET holder"):
+        led = subprocess.run([ONCE, "lead", "--name", "beat", "--lease", "3s", "--", "sh",
+                              "-c", "echo $ONCE_TERM"], env=once_env, capture_output=True,
+                             text=True, timeout=120)
+    assert led.returncode == 0, led.stderr
+    assert led.stdout.strip() == "1", led.stdout
