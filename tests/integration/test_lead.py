@@ -18,6 +18,7 @@ import pytest
 
 from helpers import ONCE, run_here, wait_for
 from lead_log import child, judge, leading_children, spans, stop_leads
+from ledger_sql import query
 from procs import alive, children
 
 LEASE = 3.0
@@ -269,6 +270,46 @@ def test_the_python_api_releases_when_the_block_raises(ledger_url: str) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "2"
     assert time.monotonic() - began < LEASE + 5.0  # not waiting the first lease out
+
+
+# The first acquire commits, and its caller is told it failed: the answer lost (a connection
+# cut, a read that timed out while a Galera cluster settled).
+API_UNANSWERED = """
+import sys, once
+from once.ledger.leases import Leases
+from once.ledger.records import LedgerError
+
+real, calls = Leases.acquire, []
+
+
+def acquire(self, *args, **kwargs):
+    calls.append(real(self, *args, **kwargs))
+    if len(calls) == 1:
+        raise LedgerError("lost connection to the server during the query")
+    return calls[-1]
+
+
+Leases.acquire = acquire
+with once.lead("scheduler", db=sys.argv[1], lease=30) as leader:
+    print(calls[0][0], leader.term)
+"""
+
+
+def test_a_term_won_by_an_acquire_whose_answer_was_lost_is_not_waited_out(
+        ledger_url: str) -> None:
+    """The candidate finds the lease held under its own holder id: it releases that term
+    (nothing ran under it) and leads at once, where it waited the whole lease (30 s) for
+    it to run out."""
+    import sys
+
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", API_UNANSWERED, ledger_url],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "2"], done.stdout
+    assert time.monotonic() - began < 20.0  # the lease is 30 s
+    assert query(ledger_url, "SELECT term, ended FROM once_lead_terms ORDER BY term") == [
+        (1, "released"), (2, "released")]
 
 
 def test_a_dropped_connection_does_not_end_the_term(backend: object, ledger_url: str,

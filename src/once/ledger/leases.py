@@ -75,6 +75,7 @@ class Peek:
     free_in: float
     owner: str | None
     term: int
+    holder: str | None = None  # the holder's id (new_holder); None: nobody holds it
 
     @property
     def free(self) -> bool:
@@ -215,7 +216,7 @@ class Leases:
         holder, owner, term, expires, now = rows[0]
         backend = self.ledger.backend
         left = (backend.from_db(expires) - backend.from_db(now)).total_seconds()
-        return Peek(True, left if holder is not None else 0.0, owner, int(term))
+        return Peek(True, left if holder is not None else 0.0, owner, int(term), holder)
 
     # Made with no holder and long expired; the row's lock is then what acquirers race on.
     # Its term goes on from the name's history: a name retired (its row deleted) and used

@@ -130,6 +130,9 @@ class Elector:
         from once.ledger.leases import stand_interval
 
         peek = self.leases.peek(self.name)
+        if peek.holder == self.holder:
+            self._release_unanswered(peek.term)
+            peek = self.leases.peek(self.name)
         if peek.free:
             won = self.leases.acquire(self.name, self.holder, self.owner, self.lease)
             if won is not None:
@@ -141,6 +144,15 @@ class Elector:
                 self.leases.stand(self.name, self.holder, self.owner)
         self._say_held(peek)
         return max(0.05, min(POLL, peek.free_in))
+
+    def _release_unanswered(self, term: int) -> None:
+        """A term this candidate holds but never led: an acquire of ours committed though its
+        answer was lost (a connection cut, a read that timed out while a Galera cluster
+        settled after a node's loss). Nothing ran under it; released, so that nobody waits a
+        whole lease for it to run out, and the next look may acquire at once."""
+        self.leases.release(self.name, self.holder, term)
+        self.say(f"{self.name}: released term {term}, won by an acquire of this candidate "
+                 f"whose answer was lost; nothing ran under it", "released")
 
     def _say_held(self, peek: Peek) -> None:
         if peek.owner is not None and not peek.free:
