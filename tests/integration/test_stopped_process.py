@@ -8,14 +8,14 @@ exited 75) or, on MySQL/MariaDB, the row's lock (no host could take the period o
 was continued or the server dropped its session).
 
 Inside a transaction of several statements (MySQL/MariaDB's claim, a lease's acquire) it
-holds its locks until the server ends its session, IDLE_WRITER seconds after its last
-statement (MariaDB's idle_write_transaction_timeout, PostgreSQL's
+holds its locks until the server ends its session, IDLE_TRANSACTION seconds after its last
+statement (MariaDB's idle_transaction_timeout, PostgreSQL's
 idle_in_transaction_session_timeout): before, every claim of the job exited 75, or no
 candidate could lead, for as long as it stayed stopped.
 
-Real processes on every backend: an owner that claims through once.claim (or leads through
-once.lead) and stops itself the moment its driver has run a given statement, and real
-`once run` and `once lead` beside it.
+Real processes on every backend: an owner that claims through once.claim (leads through
+once.lead, runs `once run`'s command line) and stops itself the moment its driver has run a
+given statement, and real `once run` and `once lead` beside it.
 """
 
 from __future__ import annotations
@@ -45,9 +45,11 @@ cls = of(parse_url(url)).ledger_class()
 opened = cls._open
 
 
+STOPS = tuple(sys.argv[3].split("|"))
+
+
 def stops_at(sql):
-    said = " ".join(str(sql).split())
-    return said.startswith(tuple(sys.argv[3].split("|")))
+    return " ".join(str(sql).split()).startswith(STOPS)
 
 
 class Stops:
@@ -89,6 +91,11 @@ if sys.argv[2] == "claim":
     with once.claim("held", every="hour", db=url, stale_after=2) as run:
         assert run.won
         time.sleep(120)
+elif sys.argv[2] == "run":  # the command line, in this process
+    from once.cli import main
+
+    sys.argv = ["once", "run", "--db", url, *sys.argv[4:]]
+    main()
 else:
     with once.lead("beat", db=url, lease=3):
         time.sleep(120)
@@ -105,14 +112,14 @@ RENEWALS = "UPDATE once_runs SET heartbeat_at|UPDATE once_leases SET renewed_at"
 
 @contextmanager
 def stopped_at(kind: str, ledger_url: str, env: dict[str, str], tmp_path: Path,
-               statements: str = RENEWALS) -> Iterator[None]:
-    """OWNER as `kind` (claim, lead), until it has stopped itself at the first of
-    `statements` (by default its first renewal); SIGKILLed at the end (which ends a stopped
-    process too)."""
+               statements: str = RENEWALS, *args: str) -> Iterator[None]:
+    """OWNER as `kind` (claim, lead, run: `once run` with args), until it has stopped itself
+    at the first of `statements` (by default its first renewal); SIGKILLed at the end (which
+    ends a stopped process too)."""
     script = tmp_path / "owner.py"
     script.write_text(OWNER)
-    owner = subprocess.Popen([sys.executable, str(script), ledger_url, kind, statements],
-                             env=env, stderr=subprocess.PIPE, text=True)
+    owner = subprocess.Popen([sys.executable, str(script), ledger_url, kind, statements,
+                              *args], env=env, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: _stopped(owner.pid) or owner.poll() is not None, timeout=60,
                  what=f"the owner stopped at {statements}")
@@ -166,7 +173,7 @@ def test_a_claimer_stopped_inside_its_claim_holds_the_job_for_moments(
         ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
     """MySQL/MariaDB's claim is a transaction of several statements: one stopped after it
     wrote the job's row holds that row's lock until the server ends its session (MariaDB:
-    IDLE_WRITER seconds idle in the transaction), then it is rolled back and the next claim of
+    IDLE_TRANSACTION seconds idle in the transaction), then it is rolled back and the next claim of
     the job wins the period. PostgreSQL's claim is one statement; SQLite's holds the file's
     write lock (docs/concepts/liveness.md says so)."""
     if not ledger_url.startswith(("mysql", "mariadb")):
@@ -177,10 +184,25 @@ def test_a_claimer_stopped_inside_its_claim_holds_the_job_for_moments(
                              "WHERE job = 'held'") == [("done", 1)]
 
 
+def test_a_claimer_stopped_after_a_locking_read_holds_the_job_for_moments(
+        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    """--require-same-command's claim locks the job's row with a read (SELECT ... FOR
+    UPDATE), which the server does not count as a write: the claims' connections bound every
+    idle transaction (MariaDB's idle_transaction_timeout), not only those that wrote."""
+    if not ledger_url.startswith(("mysql", "mariadb")):
+        return
+    with stopped_at("run", ledger_url, once_env, tmp_path, "SELECT fence FROM once_jobs",
+                    "--job", "held", "--every", "hour", "--require-same-command", "--",
+                    "true"):
+        _run(once_env, "held")
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs "
+                             "WHERE job = 'held'") == [("done", 1)]
+
+
 def test_a_candidate_stopped_inside_its_acquire_holds_the_lease_for_moments(
         ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
     """A lease's acquire is a transaction of several statements: a candidate stopped after its
-    UPDATE took the row holds the row's lock until the server ends its session, IDLE_WRITER
+    UPDATE took the row holds the row's lock until the server ends its session, IDLE_TRANSACTION
     seconds idle in the transaction (PostgreSQL, MariaDB), which rolls its term back: another
     candidate leads, in the first term. SQLite: the stopped process keeps the name's OS lock
     and the file's write lock (docs/concepts/leases.md)."""

@@ -32,14 +32,16 @@ if TYPE_CHECKING:
     from once.ledger.url import Target
 
 
-# How long a session may sit idle inside a transaction that has written before its server ends
-# it (rolled back, its locks let go): a process stopped (SIGSTOP, a frozen VM) or cut off in
-# the middle of a transaction of several statements then holds a job's row (every claim of
-# the job waits) or a lease's (no candidate can lead) this long, not until it is continued or
-# the server finds its connection gone (hours: TCP's keepalive). Far above the moments
-# between once's own statements on a loaded machine; below the read timeout (10 s by default)
-# of the statements that wait behind it. Dialect.write_begin and the MySQL-family session.
-IDLE_WRITER = 5  # seconds
+# How long a session may sit idle inside a transaction before its server ends it (rolled
+# back, its locks let go): a process stopped (SIGSTOP, a frozen VM) or cut off in the middle
+# of a transaction of several statements then holds a job's row (every claim of the job
+# waits) or a lease's (no candidate can lead) this long, not until it is continued or the
+# server finds its connection gone (hours: TCP's keepalive). Off the hot path, only a
+# transaction that wrote is bounded: a report's snapshot may sit idle while it is drawn. Far
+# above the moments between once's own statements on a loaded machine; below the read
+# timeout (10 s by default) of the statements that wait behind it. Dialect.write_begin and
+# the MySQL-family session (once.ledger.dialects).
+IDLE_TRANSACTION = 5  # seconds
 
 
 class Dialect:
@@ -69,7 +71,7 @@ class Dialect:
     # The statements that begin the survey's read-only snapshot on its own connection.
     snapshot_begin: ClassVar[tuple[str, ...]] = ()
     # What begins a transaction of several statements on the hot path's ledger (a lease's
-    # acquire or release, a state's write) where the server must be told IDLE_WRITER in it.
+    # acquire or release, a state's write) where the server must be told IDLE_TRANSACTION in it.
     write_begin: ClassVar[tuple[str, ...]] = ()
     # The schema lock (once.ledger.schema): a session lock taken before the creation's
     # transaction and released after its commit (take, release), or one the transaction

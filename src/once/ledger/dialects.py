@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from once.ledger import errors
 from once.ledger import url as parsing
-from once.ledger.dialect import IDLE_WRITER, Dialect
+from once.ledger.dialect import IDLE_TRANSACTION, Dialect
 from once.ledger.records import error_code, from_db_time
 from once.ledger.url import Target, UrlError, check_port, path_url, redact
 
@@ -163,7 +163,7 @@ class Postgres(Dialect):
         return conn
 
     # Any transaction's idle time, a read's too: set only where once writes (Dialect).
-    write_begin = (f"SET LOCAL idle_in_transaction_session_timeout = {IDLE_WRITER * 1000}",)
+    write_begin = (f"SET LOCAL idle_in_transaction_session_timeout = {IDLE_TRANSACTION * 1000}",)
 
     def read_only_begin(self, timeout: float) -> tuple[str, ...]:
         # Read-only by the postgresql_readonly option (snapshot_options).
@@ -215,8 +215,11 @@ class Mysql(Dialect):
                 **options: Any) -> MysqlConnection:
         from once.ledger.connect import mysql
 
+        # The hot path's ledger (MysqlLedger._open) bounds its idle reads too: its
+        # transactions never wait on once itself, and a locking read holds a row as a write.
+        reads_too = options.pop("bound_idle_reads", False)
         conn = mysql(target, timeout, statements, options)
-        _bound_idle_writers(conn)
+        _bound_idle_transactions(conn, reads_too)
         return conn
 
     def snapshot_connection(self, target: Target) -> MysqlConnection:
@@ -243,15 +246,18 @@ class Mysql(Dialect):
         return f"`{name}`"
 
 
-def _bound_idle_writers(conn: MysqlConnection) -> None:
-    """MariaDB (10.3 and later) ends this session once it has sat IDLE_WRITER seconds inside
-    a transaction that wrote: a claimer stopped inside its claim holds the job's row no longer.
-    MySQL has no such bound (docs/concepts/liveness.md); not asked, it costs no round trip."""
+def _bound_idle_transactions(conn: MysqlConnection, reads_too: bool) -> None:
+    """MariaDB (10.3 and later) ends this session once it has sat IDLE_TRANSACTION seconds inside
+    a transaction that wrote, or with reads_too inside any transaction (a locking read, as
+    `SELECT ... FOR UPDATE`, is no write to the server): a process stopped inside a claim or
+    an acquire holds the job's or the lease's row no longer. MySQL has no such bound
+    (docs/concepts/liveness.md); not asked, it costs no round trip."""
     if "mariadb" not in conn.get_server_info().lower():
         return
+    variable = "idle_transaction_timeout" if reads_too else "idle_write_transaction_timeout"
     try:
         with conn.cursor() as cur:
-            cur.execute(f"SET SESSION idle_write_transaction_timeout = {IDLE_WRITER}")
+            cur.execute(f"SET SESSION {variable} = {IDLE_TRANSACTION}")
     except Exception as exc:
         if error_code(exc) != _UNKNOWN_VARIABLE:  # before 10.3
             raise

@@ -244,7 +244,8 @@ class MysqlLedger(Ledger):
         # reports the rows it matched, not those it changed, so two renewals within one
         # clock tick still say "still ours".
         return cast("MysqlConnection", connect(self.target, self.statement_timeout,
-                                               self.statement_timeout, autocommit=False))
+                                               self.statement_timeout, autocommit=False,
+                                               bound_idle_reads=True))
 
     def _claim(self, params: Params) -> Claim:
         """The claim's transaction, again after a deadlock, a lock wait or (Galera) a lost

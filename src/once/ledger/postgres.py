@@ -398,7 +398,7 @@ class PostgresLedger(Ledger):
     def _transaction(self) -> Iterator[psycopg.Cursor[TupleRow]]:
         """One transaction under the watchdog, its statements in the pyformat style, committed
         when the block ends (as sqlite's and mysql's: once.ledger.leases); the server ends it
-        if it sits idle IDLE_WRITER seconds (a process stopped inside it)."""
+        if it sits idle IDLE_TRANSACTION seconds (a process stopped inside it)."""
         with self._watched(), self._conn.transaction():
             cur = self._conn.cursor()
             for statement in self.backend.write_begin:
