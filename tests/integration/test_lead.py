@@ -312,6 +312,61 @@ def test_a_term_won_by_an_acquire_whose_answer_was_lost_is_not_waited_out(
         (1, "released"), (2, "released")]
 
 
+# An Elector on the real ledger (once.api's way): argv[2] says what to do.
+ELECTOR = """
+import sys
+from once.ledger import open_ledger, parse_url
+from once.ledger.leases import Leases
+from once.ledger.records import LedgerError
+from once.run import lead
+
+ledger = open_ledger(parse_url(sys.argv[1]), timeout=2)
+elector = lead.Elector(ledger, "scheduler", 3, "me", lead.Voice("scheduler", "me", -1))
+if sys.argv[2] == "led-unreleased":  # a term led and never released (its release failed)
+    term, _ = elector.campaign()
+    elector.leases.hand_over()  # SQLite: the name's OS lock goes, as with a dead guard
+    print(term, elector.campaign()[0])  # the second waits for the first to run out
+else:  # stopped right after an acquire that committed, its answer lost
+    real = Leases.acquire
+
+    def acquire(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        elector.stop.set()
+        raise LedgerError("lost connection to the server during the query")
+
+    Leases.acquire = acquire
+    print(elector.campaign())
+    elector.withdraw()
+"""
+
+
+def _elector(ledger_url: str, what: str) -> str:
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", ELECTOR, ledger_url, what],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_term_the_candidate_led_is_no_unanswered_acquire(ledger_url: str) -> None:
+    """A term this candidate led, left held (its release failed: `--rejoin` after an
+    outage), is not released as one an unanswered acquire won: it runs out and the next
+    acquire ends it `expired`, as it really ended."""
+    assert _elector(ledger_url, "led-unreleased") == "1 2"
+    assert query(ledger_url, "SELECT term, ended FROM once_lead_terms ORDER BY term") == [
+        (1, "expired"), (2, None)]
+
+
+def test_a_candidate_stopped_after_an_unanswered_acquire_releases_its_term(
+        ledger_url: str) -> None:
+    """Stopped (SIGTERM) right after an acquire that committed though it raised, the
+    candidate's withdrawal releases the term: the next candidate does not wait a lease."""
+    assert _elector(ledger_url, "stopped") == "None"
+    assert query(ledger_url, "SELECT term, ended FROM once_lead_terms") == [(1, "released")]
+    assert query(ledger_url, "SELECT holder FROM once_leases") == [(None,)]
+
+
 def test_a_dropped_connection_does_not_end_the_term(backend: object, ledger_url: str,
                                                     once_env: dict[str, str],
                                                     tmp_path: Path) -> None:

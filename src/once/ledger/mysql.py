@@ -240,9 +240,8 @@ class MysqlLedger(Ledger):
     def _open(self) -> MysqlConnection:
         from once.ledger.connect import connect
 
-        # Each of the URL's hosts in turn (once.ledger.connect), with FOUND_ROWS: an UPDATE
-        # reports the rows it matched, not those it changed, so two renewals within one
-        # clock tick still say "still ours".
+        # Each of the URL's hosts in turn, with FOUND_ROWS (once.ledger.connect: a renewal
+        # within the clock tick of the last still matches); idle reads bounded too (dialects).
         return cast("MysqlConnection", connect(self.target, self.statement_timeout,
                                                self.statement_timeout, autocommit=False,
                                                bound_idle_reads=True))

@@ -260,7 +260,7 @@ class PostgresLedger(Ledger):
         if found is not None and found[2] is None and found[1]:
             # Briefly: a DBA's CREATE left uncommitted would hold every catch-up. Another
             # process that makes it at the same moment may fail this one: found again below.
-            with suppress(Exception), self._watched(), self._conn.transaction():
+            with suppress(Exception), self._transaction():
                 self._conn.execute("SET LOCAL lock_timeout = '1s'")
                 self._conn.execute(stored_claim().create(found[0]))
             found = self._find_stored_claim()
@@ -287,7 +287,7 @@ class PostgresLedger(Ledger):
         else:
             # Only these flags pay the round trips of a transaction; its commit is watched.
             try:
-                with self._watched(), self._conn.transaction():
+                with self._transaction():  # its idle time bounded too
                     claim = self._claim_checked(claim_sql, params)
             except _Overlap as overlap:  # rolled back: the claim it made is undone
                 self._execute(self.FIRED_HELD_BACK, params)  # as any other skip is counted
@@ -398,7 +398,8 @@ class PostgresLedger(Ledger):
     def _transaction(self) -> Iterator[psycopg.Cursor[TupleRow]]:
         """One transaction under the watchdog, its statements in the pyformat style, committed
         when the block ends (as sqlite's and mysql's: once.ledger.leases); the server ends it
-        if it sits idle IDLE_TRANSACTION seconds (a process stopped inside it)."""
+        if it sits idle IDLE_TRANSACTION seconds (a process stopped inside it). Every
+        transaction of several statements on this connection is one of these."""
         with self._watched(), self._conn.transaction():
             cur = self._conn.cursor()
             for statement in self.backend.write_begin:

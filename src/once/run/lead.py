@@ -91,6 +91,8 @@ class Elector:
         self.stop = threading.Event()  # set by a stop signal (or the API's caller)
         self._said = ""  # the last state line, not said twice
         self._stood_at = -1e9
+        self._won: set[int] = set()  # the terms our acquires were answered with
+        self._unanswered = False  # an acquire raised: it may have committed all the same
 
     def say(self, message: str, event: str, level: int = NORMAL) -> None:
         key = f"{event}:{message}"
@@ -130,11 +132,11 @@ class Elector:
         from once.ledger.leases import stand_interval
 
         peek = self.leases.peek(self.name)
-        if peek.holder == self.holder:
+        if self._ours_unanswered(peek):
             self._release_unanswered(peek.term)
             peek = self.leases.peek(self.name)
         if peek.free:
-            won = self.leases.acquire(self.name, self.holder, self.owner, self.lease)
+            won = self._acquire()
             if won is not None:
                 return won
             peek = self.leases.peek(self.name)
@@ -145,12 +147,27 @@ class Elector:
         self._say_held(peek)
         return max(0.05, min(POLL, peek.free_in))
 
+    def _acquire(self) -> tuple[int, float] | None:
+        self._unanswered = True  # until an answer says otherwise
+        won = self.leases.acquire(self.name, self.holder, self.owner, self.lease)
+        self._unanswered = False
+        if won is not None:
+            self._won.add(won[0])
+        return won
+
+    def _ours_unanswered(self, peek: Peek) -> bool:
+        """The lease held under our holder id in a term no answer gave us: an acquire of ours
+        that raised had committed (a connection cut, a read that timed out while a Galera
+        cluster settled after a node's loss). One that has run out is left to the next
+        acquire, which ends it `expired` as any."""
+        return (self._unanswered and peek.holder == self.holder and not peek.free
+                and peek.term not in self._won)
+
     def _release_unanswered(self, term: int) -> None:
-        """A term this candidate holds but never led: an acquire of ours committed though its
-        answer was lost (a connection cut, a read that timed out while a Galera cluster
-        settled after a node's loss). Nothing ran under it; released, so that nobody waits a
-        whole lease for it to run out, and the next look may acquire at once."""
+        """Nothing ran under such a term: released, so that nobody waits a whole lease for
+        it to run out, and the next look may acquire at once."""
         self.leases.release(self.name, self.holder, term)
+        self._unanswered = False
         self.say(f"{self.name}: released term {term}, won by an acquire of this candidate "
                  f"whose answer was lost; nothing ran under it", "released")
 
@@ -170,6 +187,13 @@ class Elector:
                 or getattr(exc, "failure", "") in ("transient", "slow"))
 
     def withdraw(self) -> None:
+        """This candidate stops: a term an unanswered acquire won is released (it would hold
+        the others off for a lease), and its candidate row goes."""
+        if self._unanswered:
+            with suppress(Exception):  # unreleased, it runs out by itself
+                peek = self.leases.peek(self.name)
+                if self._ours_unanswered(peek):
+                    self._release_unanswered(peek.term)
         with suppress(Exception):  # a candidate row left behind ages out of the reports
             self.leases.withdraw(self.name, self.holder)
 
