@@ -20,6 +20,7 @@ given statement, and real `once run` and `once lead` beside it.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,7 +35,7 @@ from procs import stat
 
 # The owner: once.claim with a 2 s promise (a renewal every 2/3 s); its connection wrapped so
 # that the process stops itself once the driver has run the first statement that begins
-# with one of argv[3]'s (`|` between them).
+# with one of argv[3]'s (`|` between them), once.
 OWNER = r"""
 import os, signal, sys, time
 
@@ -47,11 +48,17 @@ cls = of(parse_url(url)).ledger_class()
 opened = cls._open
 
 
-STOPS = tuple(sys.argv[3].split("|"))
+STOPS = tuple(sys.argv[3].lstrip("<").split("|"))
+BEFORE = sys.argv[3].startswith("<")  # stops before the statement is sent, not after
 
 
-def stops_at(sql):
-    return " ".join(str(sql).split()).startswith(STOPS)
+stopped = []  # at the first statement named alone
+
+
+def stops_at(sql, before):
+    if before == BEFORE and not stopped and " ".join(str(sql).split()).startswith(STOPS):
+        stopped.append(sql)
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 class Stops:
@@ -64,13 +71,17 @@ class Stops:
     def __setattr__(self, name, value):
         setattr(self.inner, name, value)
 
-    def _then(self, sql, result):
-        if stops_at(sql):
-            os.kill(os.getpid(), signal.SIGSTOP)
+    def _around(self, sql, send):
+        stops_at(sql, True)
+        result = send()
+        stops_at(sql, False)
         return result
 
     def execute(self, sql, *args, **kwargs):
-        return self._then(sql, self.inner.execute(sql, *args, **kwargs))
+        return self._around(sql, lambda: self.inner.execute(sql, *args, **kwargs))
+
+    def commit(self):  # MySQL/MariaDB's, as "COMMIT" (SQLite and PostgreSQL send statements)
+        return self._around("COMMIT", self.inner.commit)
 
     def cursor(self, *args, **kwargs):
         outer = self
@@ -83,7 +94,7 @@ class Stops:
                 return getattr(self.inner, name)
 
             def execute(self, sql, *a, **k):
-                return outer._then(sql, self.inner.execute(sql, *a, **k))
+                return outer._around(sql, lambda: self.inner.execute(sql, *a, **k))
 
         return Cursor(self.inner.cursor(*args, **kwargs))
 
@@ -114,10 +125,10 @@ RENEWALS = "UPDATE once_runs SET heartbeat_at|UPDATE once_leases SET renewed_at"
 
 @contextmanager
 def stopped_at(kind: str, ledger_url: str, env: dict[str, str], tmp_path: Path,
-               statements: str = RENEWALS, *args: str) -> Iterator[None]:
+               statements: str = RENEWALS, *args: str) -> Iterator[subprocess.Popen[str]]:
     """OWNER as `kind` (claim, lead, run: `once run` with args), until it has stopped itself
-    at the first of `statements` (by default its first renewal); SIGKILLed at the end (which
-    ends a stopped process too)."""
+    after the first of `statements` (by default its first renewal; before it when they begin
+    with `<`); SIGKILLed at the end (which ends a stopped process too)."""
     script = tmp_path / "owner.py"
     script.write_text(OWNER)
     owner = subprocess.Popen([sys.executable, str(script), ledger_url, kind, statements,
@@ -126,7 +137,7 @@ def stopped_at(kind: str, ledger_url: str, env: dict[str, str], tmp_path: Path,
         wait_for(lambda: _stopped(owner.pid) or owner.poll() is not None, timeout=60,
                  what=f"the owner stopped at {statements}")
         assert owner.poll() is None, owner.stderr.read() if owner.stderr else ""
-        yield
+        yield owner
     finally:
         owner.kill()
         owner.wait(timeout=30)
@@ -229,3 +240,39 @@ def test_a_candidate_stopped_inside_its_acquire_holds_the_lease_for_moments(
                              text=True, timeout=120)
     assert led.returncode == 0, led.stderr
     assert led.stdout.strip() == "1", led.stdout
+
+
+def _terminated(owner: subprocess.Popen[str]) -> tuple[int, str]:
+    """SIGTERM to the stopped owner, then SIGCONT: its status and what it said."""
+    owner.send_signal(signal.SIGTERM)
+    owner.send_signal(signal.SIGCONT)
+    _, err = owner.communicate(timeout=60)
+    return owner.returncode, err
+
+
+def test_a_stop_signal_while_the_result_is_written_loses_no_result(
+        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    """SIGTERM to a single `once run` as it is about to write its command's result: the
+    result is written first. It was lost: the row stayed running, to be taken over after
+    --stale-after and the done period run again."""
+    with stopped_at("run", ledger_url, once_env, tmp_path,
+                    "<WITH fin AS|UPDATE once_runs SET status", "--job", "held", "--every",
+                    "hour", "--", "true") as owner:
+        status, err = _terminated(owner)
+    assert status == 0, err
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs "
+                             "WHERE job = 'held'") == [("done", 1)]
+
+
+def test_a_stop_signal_as_the_claim_commits_starts_no_command_and_records_it(
+        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    """SIGTERM to a single `once run` right after its claim committed: no command starts,
+    and the attempt is recorded interrupted (not counted against --max-attempts), as in a
+    catch-up. It was left running, holding the period for --stale-after."""
+    with stopped_at("run", ledger_url, once_env, tmp_path, "WITH clock AS|COMMIT", "--job",
+                    "held", "--every", "hour", "--", "sh", "-c", "echo ran") as owner:
+        status, err = _terminated(owner)
+    assert status == 143, err
+    assert "SIGTERM received before its command started, which was not started" in err
+    assert query(ledger_url, "SELECT status, attempt FROM once_runs "
+                             "WHERE job = 'held'") == [("failed", 1)]

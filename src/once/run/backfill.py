@@ -152,7 +152,7 @@ def catch_up(ledger: Ledger, job: Job, periods: Sequence[Period], command: Seque
     is then the first failure's that it did not interrupt, else 128+N.
     """
     from once.run.keeper import Keeper
-    from once.run.wrapper import Stop, signal_name
+    from once.run.stops import Stop, signal_name
 
     progress = progress or Progress()
     progress.settings = settings

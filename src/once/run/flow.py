@@ -11,7 +11,8 @@ rich: it is the hot path of every cron fire (the wrapper and the lease only once
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
     from once.run.keeper import Keeper
     from once.run.lease import Lease
     from once.run.notify import Notifier
-    from once.run.wrapper import Outcome, Stop
+    from once.run.stops import Stop
+    from once.run.wrapper import Outcome
 
 # Exit statuses of `once run` that are not the child's own (docs/reference/exit-status.md).
 EXIT_USAGE = 2
@@ -150,6 +152,39 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
                settings: Settings, rerun_reason: str | None = None,
                shard: int | None = None, notify_skip: bool = True) -> Result:
     """Claim one period (or one shard of it) and, if won, run command for it."""
+    with _stops_noted(settings):
+        result, claim = _claim_and_run(ledger, job, period, command, settings, rerun_reason,
+                                       shard)
+    if claim is not None and (claim.won or notify_skip):
+        _notify(settings, result, job, period, claim, shard, claimed=claim.won)
+    return result
+
+
+@contextmanager
+def _stops_noted(settings: Settings) -> Iterator[None]:
+    """A stop signal noted (settings.stop), never fatal, from the claim to the final write:
+    one that came between the claim's commit and the command's start, or while the result
+    was written, left the period's row running, taken over only after --stale-after (a done
+    period then ran again). A catch-up's (--all-shards') Stop notes it already; a single
+    run's ends with its notes (its pings and hooks may be stopped as before)."""
+    if settings.stop is not None:
+        yield
+        return
+    from once.run.stops import Stop
+
+    with Stop().caught() as stop:
+        settings.stop = stop
+        try:
+            yield
+        finally:
+            settings.stop = None
+
+
+def _claim_and_run(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
+                   settings: Settings, rerun_reason: str | None,
+                   shard: int | None) -> tuple[Result, Claim | None]:
+    """The claim, and if won the command's run and its record: the result, and the claim
+    (None where none was made: the ledger failed, the command drifted)."""
     key = shard_key(period.key, shard)
     what = f"{job.name} {key}"
     settings.context = {"job": job.name, "period": key}
@@ -162,15 +197,12 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
                              max_clock_skew=settings.max_clock_skew)
     except LedgerError as exc:
         say(f"{exc}; nothing was run", settings, ERROR, "unreachable")
-        return Result("unreachable", EXIT_LEDGER)
+        return Result("unreachable", EXIT_LEDGER), None
     except CommandDrift as exc:
         say(f"{exc}; nothing was run", settings, ERROR, "command-drift")
-        return Result("command-drift", EXIT_USAGE)
+        return Result("command-drift", EXIT_USAGE), None
     if not claim.won:
-        result = _skipped(what, claim, job, settings, rerun_reason is not None)
-        if notify_skip:
-            _notify(settings, result, job, period, claim, shard, claimed=False)
-        return result
+        return _skipped(what, claim, job, settings, rerun_reason is not None), claim
     verb = "took over" if claim.attempt > 1 else "claimed"
     settings.context.update(attempt=claim.attempt, fence=claim.fence)
     say(f"{what}: {verb} as attempt {claim.attempt}, fence {claim.fence}, owner "
@@ -181,8 +213,7 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
                               max(sent, ledger.claim_sent))
     finally:
         ledger.release(job.name, key)  # the command has ended: no longer a live owner
-    _notify(settings, result, job, period, claim, shard)
-    return result
+    return result, claim
 
 
 def _notify(settings: Settings, result: Result, job: Job, period: Period, claim: Claim | None,
@@ -214,7 +245,7 @@ def run_shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
         return run_period(ledger, job, period, command, settings)
     if not all_shards or settings.stop is not None:
         return _shards(ledger, job, period, command, settings, all_shards)
-    from once.run.wrapper import Stop
+    from once.run.stops import Stop
 
     with Stop().caught() as stop:
         settings.stop = stop
@@ -238,7 +269,7 @@ def _shards(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
         if settings.stop is not None and settings.stop.signal is not None:
             left = job.shards - shard - 1  # not claimed: left for the next fire
             if left:
-                from once.run.wrapper import signal_name
+                from once.run.stops import signal_name
 
                 say(f"{job.name} {period.key}: stopped by {signal_name(settings.stop.signal)}"
                     f": {left} shard{'' if left == 1 else 's'} not tried, left for the next "
@@ -360,7 +391,7 @@ def _recorded(what: str, outcome: Outcome, status: outcomes.Status, settings: Se
         return Result(outcomes.result(outcome.kind, status), EXIT_TIMEOUT, output)
     interrupted = outcome.interrupted_by is not None
     if outcome.interrupted_by is not None:  # a pod's SIGTERM: the log must say why it ended
-        from once.run.wrapper import NOT_STARTED, signal_name
+        from once.run.stops import NOT_STARTED, signal_name
 
         how = ("before its command started, which was not started" if outcome.message ==
                NOT_STARTED else f"and forwarded to the command, which ended with status "
@@ -371,7 +402,7 @@ def _recorded(what: str, outcome: Outcome, status: outcomes.Status, settings: Se
     said = settings.results_said and settings.verbosity >= NORMAL
     if status == "failed" and not interrupted and outcome.kind in ("exited", "signaled") \
             and outcome.status and not said:  # (0: a bad watermark, said already)
-        from once.run.wrapper import signal_name
+        from once.run.stops import signal_name
 
         ended = (f"killed by {signal_name(outcome.status - 128)}"
                  if outcome.kind == "signaled" else f"exit {outcome.status}")

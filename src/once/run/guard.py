@@ -36,8 +36,8 @@ from contextlib import suppress
 from typing import NoReturn
 
 from once.deadlines import lease_now
+from once.run.stops import FORWARDED
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from once.deadlines import lease_now
 from once.run import guard as _guard
+from once.run.stops import FORWARDED
 
 # A new guard's time to say hello before its period falls back to a forked guard (a loaded
 # machine starts an interpreter in tens of milliseconds).
@@ -148,7 +149,7 @@ class Keeper:
         given = (theirs.fileno(), report_w, self.deadline[0])
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         # Blocked until its handlers are in: a signal forwarded meanwhile must not kill it.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, []) | set(_guard.FORWARDED)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, []) | set(FORWARDED)
         try:
             for fd in given:
                 os.set_inheritable(fd, True)
@@ -207,12 +208,12 @@ def serve() -> None:
     gc.disable()
     signal.signal(signal.SIGUSR1, _guard._wrapper_died)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    ignored = {int(sig) for sig in _guard.FORWARDED if signal.getsignal(sig) == signal.SIG_IGN}
+    ignored = {int(sig) for sig in FORWARDED if signal.getsignal(sig) == signal.SIG_IGN}
     _forwarded(ignored)
     _guard._set_parent_death_signal(signal.SIGUSR1)
     if os.getppid() != wrapper:  # the wrapper died before the signal was armed
         _guard._wrapper_died(signal.SIGUSR1, None)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _guard.FORWARDED)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     assert _guard._PRCTL is not None
     if _guard._PRCTL(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         return  # no way to see what a command leaves behind: no hello, no kept guard
@@ -279,11 +280,11 @@ def _stop_held() -> int:
     blocked, so none comes between the look and the fork); 0 for none."""
     if _held:
         return _held[0]
-    return int(min(signal.sigpending() & set(_guard.FORWARDED), default=0))
+    return int(min(signal.sigpending() & set(FORWARDED), default=0))
 
 
 def _forwarded(ignored: set[int]) -> None:
-    for sig in _guard.FORWARDED:  # the command gets these itself: it shares our group
+    for sig in FORWARDED:  # the command gets these itself: it shares our group
         signal.signal(sig, signal.SIG_IGN if sig in ignored else _hold)
 
 

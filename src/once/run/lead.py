@@ -28,8 +28,8 @@ from once import limits
 from once.deadlines import lease_now, max_grace
 from once.messages import ERROR, NORMAL, say
 from once.run.child import EXPORTED, LEAD_EXPORTED
-from once.run.guard import FORWARDED
 from once.run.lease import Lease
+from once.run.stops import FORWARDED, signal_name
 
 if TYPE_CHECKING:
     from once.ledger import Ledger
@@ -285,7 +285,7 @@ def _lead_once(elector: Elector, command: Sequence[str], kill_after: float, term
                     f"{outcome.status}" + (f"; released term {term}" if released else ""),
                     "released", ERROR)
         return outcome.status, False
-    stopped = (f" after {wrapper.signal_name(outcome.interrupted_by)}"
+    stopped = (f" after {signal_name(outcome.interrupted_by)}"
                if outcome.interrupted_by else "")
     ended = f"the command ended{stopped} with status {outcome.status}"
     elector.say(f"{name}: released term {term}; {ended}" if released else f"{name}: {ended}",

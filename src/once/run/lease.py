@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from once.deadlines import lease_now, statement_timeout, statements_until
-from once.run.guard import FORWARDED
+from once.run.stops import FORWARDED
 
 T = TypeVar("T")
 

@@ -33,12 +33,12 @@ from once.run import guard as _guard
 from once.run import machine
 from once.run.lease import STALLED, Lease
 from once.run.machine import Outcome as Outcome  # once.run.flow's, from here
+from once.run.stops import FORWARDED, NOT_STARTED, Stop
 
 if TYPE_CHECKING:
     from once.run.keeper import Keeper
     from once.run.relay import Relay
 
-FORWARDED = _guard.FORWARDED
 
 
 def run(
@@ -134,51 +134,6 @@ def _end_group(group: int, reap_all: bool, patience: float = 5.0) -> None:
                 while os.waitpid(-1, os.WNOHANG)[0] > 0:
                     pass
         time.sleep(0.01)
-
-
-# Outcome.message of a command that a stop signal kept from starting (Stop).
-NOT_STARTED = "not started"
-
-
-class Stop:
-    """The first stop signal (SIGTERM, SIGINT, SIGHUP) that a run of several commands got
-    (catch-up's periods, --all-shards' shards): no command starts after it, run() forwards
-    it to the one in hand, and the rest is left for the next fire (docs/concepts/liveness.md).
-    caught() notes one that comes between the commands (a claim, a final write), run() one
-    that comes while its command runs, or a Ctrl-C on the terminal that the command had
-    (which sends SIGINT to the command's process group alone)."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-
-    def note(self, number: int) -> None:
-        if self.signal is None:
-            self.signal = number
-
-    @contextmanager
-    def caught(self) -> Iterator[Stop]:
-        """Note the stop signals instead of dying of them (a signal ignored when once started
-        stays ignored); the main thread's alone (signal handlers are)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield self
-            return
-        previous = {sig: signal.getsignal(sig) for sig in FORWARDED}
-        for sig, handler in previous.items():
-            if handler != signal.SIG_IGN:
-                signal.signal(sig, lambda number, _frame: self.note(number))
-        try:
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-
-
-def signal_name(number: int) -> str:
-    """A signal's name (SIGTERM), for a `once:` line."""
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def _relay(output_tail: int) -> Relay | None:
