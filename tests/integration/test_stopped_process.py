@@ -23,9 +23,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -250,16 +252,19 @@ def _terminated(owner: subprocess.Popen[str]) -> tuple[int, str]:
     return owner.returncode, err
 
 
+FINISHES = "<WITH fin AS|UPDATE once_runs SET status"  # before the result's write
+
+
 def test_a_stop_signal_while_the_result_is_written_loses_no_result(
         ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
     """SIGTERM to a single `once run` as it is about to write its command's result: the
-    result is written first. It was lost: the row stayed running, to be taken over after
-    --stale-after and the done period run again."""
-    with stopped_at("run", ledger_url, once_env, tmp_path,
-                    "<WITH fin AS|UPDATE once_runs SET status", "--job", "held", "--every",
-                    "hour", "--", "true") as owner:
+    result is written, then once dies of the signal. It was lost: the row stayed running, to
+    be taken over after --stale-after and the done period run again."""
+    with stopped_at("run", ledger_url, once_env, tmp_path, FINISHES, "--job", "held",
+                    "--every", "hour", "--on-success", "echo hook", "--", "true") as owner:
         status, err = _terminated(owner)
-    assert status == 0, err
+    assert status == -signal.SIGTERM, err
+    assert "hook" not in err  # dead before its hooks, as the signal would have left it
     assert query(ledger_url, "SELECT status, attempt FROM once_runs "
                              "WHERE job = 'held'") == [("done", 1)]
 
@@ -267,12 +272,64 @@ def test_a_stop_signal_while_the_result_is_written_loses_no_result(
 def test_a_stop_signal_as_the_claim_commits_starts_no_command_and_records_it(
         ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
     """SIGTERM to a single `once run` right after its claim committed: no command starts,
-    and the attempt is recorded interrupted (not counted against --max-attempts), as in a
-    catch-up. It was left running, holding the period for --stale-after."""
+    the attempt is recorded interrupted (not counted against --max-attempts), as in a
+    catch-up, and once dies of the signal. It was left running, holding the period for
+    --stale-after."""
     with stopped_at("run", ledger_url, once_env, tmp_path, "WITH clock AS|COMMIT", "--job",
                     "held", "--every", "hour", "--", "sh", "-c", "echo ran") as owner:
         status, err = _terminated(owner)
-    assert status == 143, err
+    assert status == -signal.SIGTERM, err
     assert "SIGTERM received before its command started, which was not started" in err
     assert query(ledger_url, "SELECT status, attempt FROM once_runs "
                              "WHERE job = 'held'") == [("failed", 1)]
+
+
+@contextmanager
+def _row_locked(ledger_url: str) -> Iterator[None]:
+    """Another session holds the run rows' locks (SQLite: the file's write lock)."""
+    from once.ledger import parse_url
+
+    target = parse_url(ledger_url)
+    if target.dialect == "sqlite":
+        import sqlite3
+
+        conn: Any = sqlite3.connect(target.path, isolation_level=None)
+        conn.execute("BEGIN EXCLUSIVE")
+    elif target.dialect == "postgresql":
+        import psycopg
+
+        conn = psycopg.connect(target.connect_args["conninfo"])
+        conn.execute("SELECT * FROM once_runs FOR UPDATE")
+    else:
+        import pymysql
+
+        conn = pymysql.connect(**target.connect_args, autocommit=False)
+        conn.cursor().execute("SELECT * FROM once_runs FOR UPDATE")
+    try:
+        yield
+    finally:
+        conn.rollback()
+        conn.close()
+
+
+def test_a_stop_signal_held_back_by_a_write_that_hangs_ends_once_within_its_grace(
+        ledger_url: str, once_env: dict[str, str], tmp_path: Path) -> None:
+    """SIGTERM right after the claim committed, and the write of the interrupted attempt
+    cannot land (another session holds the row; SQLite: the file): once ends promptly, STOP_GRACE
+    (5 s) later at most, saying so (or sooner, dead of the signal, where the server gave up on
+    the write first), where it retried the write for minutes. The row is left as the signal
+    left it before it was held back."""
+    with stopped_at("run", ledger_url, once_env, tmp_path, "WITH clock AS|COMMIT", "--job",
+                    "held", "--every", "hour", "--stale-after", "10m", "--", "true") as owner, \
+            _row_locked(ledger_url):
+        began = time.monotonic()
+        status, err = _terminated(owner)
+        took = time.monotonic() - began
+    assert took < 40.0, took  # the grace, on a loaded machine
+    assert status in (143, -signal.SIGTERM), err
+    if status == 143:
+        assert "stopped by SIGTERM while the ledger was being written" in err
+    # Running, or failed (interrupted) where the server kept the write waiting on the lock
+    # and carried it out once the lock went, the client gone: never done, no command run.
+    assert query(ledger_url, "SELECT status FROM once_runs WHERE job = 'held'") in (
+        [("running",)], [("failed",)]), (status, took, err)

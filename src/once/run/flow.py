@@ -11,8 +11,7 @@ rich: it is the hot path of every cron fire (the wrapper and the lease only once
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -152,32 +151,14 @@ def run_period(ledger: Ledger, job: Job, period: Period, command: Sequence[str],
                settings: Settings, rerun_reason: str | None = None,
                shard: int | None = None, notify_skip: bool = True) -> Result:
     """Claim one period (or one shard of it) and, if won, run command for it."""
-    with _stops_noted(settings):
+    from once.run.stops import held_back
+
+    with held_back(settings):
         result, claim = _claim_and_run(ledger, job, period, command, settings, rerun_reason,
                                        shard)
     if claim is not None and (claim.won or notify_skip):
         _notify(settings, result, job, period, claim, shard, claimed=claim.won)
     return result
-
-
-@contextmanager
-def _stops_noted(settings: Settings) -> Iterator[None]:
-    """A stop signal noted (settings.stop), never fatal, from the claim to the final write:
-    one that came between the claim's commit and the command's start, or while the result
-    was written, left the period's row running, taken over only after --stale-after (a done
-    period then ran again). A catch-up's (--all-shards') Stop notes it already; a single
-    run's ends with its notes (its pings and hooks may be stopped as before)."""
-    if settings.stop is not None:
-        yield
-        return
-    from once.run.stops import Stop
-
-    with Stop().caught() as stop:
-        settings.stop = stop
-        try:
-            yield
-        finally:
-            settings.stop = None
 
 
 def _claim_and_run(ledger: Ledger, job: Job, period: Period, command: Sequence[str],

@@ -102,7 +102,7 @@ def run(
             outcome = supervisor.wait(guard, report)
             if stop is not None and tty is not None and outcome.kind == "signaled" and (
                     outcome.status == 128 + signal.SIGINT):
-                stop.note(signal.SIGINT)  # Ctrl-C: the terminal sent it to the command alone
+                stop.note(signal.SIGINT, forwarded=True)  # Ctrl-C: to the command alone
             if end_group:
                 _end_group(guard, supervisor.reap_all)
             return outcome
@@ -371,7 +371,7 @@ class _Supervisor:
         if signum != signal.SIGCHLD:
             self.pending.append(signum)
             if self.stop is not None:
-                self.stop.note(signum)
+                self.stop.note(signum, forwarded=True)
 
     def _heartbeat(self) -> None:
         assert self.lease is not None
