@@ -37,6 +37,29 @@ def query(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         conn.close()
 
 
+def lock_run_rows(url: str) -> Any:
+    """A connection of another session that holds every once_runs row's lock (SQLite: the
+    database's write lock) until its rollback()."""
+    target = parse_url(url)
+    if target.dialect == "sqlite":
+        import sqlite3
+
+        conn: Any = sqlite3.connect(target.path, isolation_level=None, timeout=30)
+        conn.execute("BEGIN IMMEDIATE")
+        return conn
+    if target.dialect == "postgresql":
+        import psycopg
+
+        conn = psycopg.connect(target.connect_args["conninfo"])
+        conn.execute("SELECT * FROM once_runs FOR UPDATE")
+        return conn
+    import pymysql
+
+    conn = pymysql.connect(**target.connect_args, autocommit=False)
+    conn.cursor().execute("SELECT * FROM once_runs FOR UPDATE")
+    return conn
+
+
 def server_rows(port: int, sql: str, database: str | None = None) -> list[tuple[object, ...]]:
     """A statement's rows on a MariaDB server of the suite's own on loopback, as root."""
     import pymysql

@@ -25,7 +25,7 @@ import pytest
 
 from child_log import stable_day
 from helpers import ONCE, release_together, run_once, wait_for
-from ledger_sql import query, scalar
+from ledger_sql import lock_run_rows, query, scalar
 from once.ledger import parse_url
 from procs import alive, start_once
 
@@ -123,28 +123,13 @@ def _outsider_holds_the_row(ledger_url: str, seconds: float) -> Iterator[threadi
     to, holds it for `seconds`, then lets go."""
     go = threading.Event()
     held = threading.Event()
-    target = parse_url(ledger_url)
 
     def hold() -> None:
         go.wait()
-        if target.dialect == "sqlite":
-            import sqlite3
-
-            conn: Any = sqlite3.connect(target.path, isolation_level=None, timeout=30)
-            conn.execute("BEGIN IMMEDIATE")
-        elif target.dialect == "postgresql":
-            import psycopg
-
-            conn = psycopg.connect(target.connect_args["conninfo"])
-            conn.execute("SELECT * FROM once_runs FOR UPDATE")
-        else:
-            import pymysql
-
-            conn = pymysql.connect(**target.connect_args, autocommit=False)
-            conn.cursor().execute("SELECT * FROM once_runs FOR UPDATE")
+        conn = lock_run_rows(ledger_url)
         held.set()
         time.sleep(seconds)
-        conn.rollback() if target.dialect != "sqlite" else conn.execute("ROLLBACK")
+        conn.rollback()
         conn.close()
 
     thread = threading.Thread(target=hold, daemon=True)

@@ -27,12 +27,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from helpers import ONCE, wait_for
-from ledger_sql import query
+from ledger_sql import lock_run_rows, query
 from procs import stat
 
 # The owner: once.claim with a 2 s promise (a renewal every 2/3 s); its connection wrapped so
@@ -287,24 +286,7 @@ def test_a_stop_signal_as_the_claim_commits_starts_no_command_and_records_it(
 @contextmanager
 def _row_locked(ledger_url: str) -> Iterator[None]:
     """Another session holds the run rows' locks (SQLite: the file's write lock)."""
-    from once.ledger import parse_url
-
-    target = parse_url(ledger_url)
-    if target.dialect == "sqlite":
-        import sqlite3
-
-        conn: Any = sqlite3.connect(target.path, isolation_level=None)
-        conn.execute("BEGIN EXCLUSIVE")
-    elif target.dialect == "postgresql":
-        import psycopg
-
-        conn = psycopg.connect(target.connect_args["conninfo"])
-        conn.execute("SELECT * FROM once_runs FOR UPDATE")
-    else:
-        import pymysql
-
-        conn = pymysql.connect(**target.connect_args, autocommit=False)
-        conn.cursor().execute("SELECT * FROM once_runs FOR UPDATE")
+    conn = lock_run_rows(ledger_url)
     try:
         yield
     finally:
