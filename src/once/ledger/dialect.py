@@ -71,7 +71,8 @@ class Dialect:
     # The statements that begin the survey's read-only snapshot on its own connection.
     snapshot_begin: ClassVar[tuple[str, ...]] = ()
     # What begins a transaction of several statements on the hot path's ledger (a lease's
-    # acquire or release, a state's write) where the server must be told IDLE_TRANSACTION in it.
+    # acquire or release, a state's write, a checked claim) where the server must be told
+    # IDLE_TRANSACTION in it.
     write_begin: ClassVar[tuple[str, ...]] = ()
     # The schema lock (once.ledger.schema): a session lock taken before the creation's
     # transaction and released after its commit (take, release), or one the transaction

@@ -4,10 +4,11 @@ write, between a catch-up's periods) instead of dying of them.
 
 held_back: a single `once run`'s (and `once rerun`'s) from its claim to its final write.
 
-Imports only signal and once's messages: every run loads it before its claim, and a claim
-that loses pays for no more (the wrapper is imported only by a run that won); the guard and
-the kept guard take FORWARDED from here, and threading's fork hook would double the cost of
-every command the kept guard forks (caught() imports it, in once's own process).
+Imports only signal (once's messages when it says a line): every run loads it before its
+claim, and a claim that loses pays for no more (the wrapper is imported only by a run that
+won); the guard and the kept guard take FORWARDED from here, and threading's fork hook would
+double the cost of every command the kept guard forks (caught() imports it, in once's own
+process).
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from once.messages import ERROR, Voice, say
+if TYPE_CHECKING:
+    from once.messages import Voice
+
+    class _Run(Voice, Protocol):
+        stop: Stop | None  # once.run.flow.Settings'
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -96,10 +101,6 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-class _Run(Voice, Protocol):
-    stop: Stop | None  # once.run.flow.Settings'
-
-
 # How long a single run holds a stop signal back while its claim or final write is in hand:
 # a ledger that answers finishes it; one that does not is left as before the signal was held
 # back (a claim taken goes stale), rather than keep an orchestrator's grace period waiting.
@@ -134,6 +135,8 @@ def held_back(run: _Run) -> Iterator[None]:
 def _overdue(number: int, run: _Run) -> None:
     """A held stop signal whose claim or write is not done within STOP_GRACE (the ledger slow
     or gone), or a second one: once ends now (status 128+N), as it did before it held them."""
+    from once.messages import ERROR, say
+
     what = " ".join(str(run.context[key]) for key in ("job", "period") if key in run.context)
     say(f"{what}: stopped by {signal_name(number)} while the ledger was being written (it had "
         f"not answered within {STOP_GRACE:g}s, or a second signal came); the period is left "
