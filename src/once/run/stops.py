@@ -40,7 +40,7 @@ class Stop:
     terminal that the command had (which sends SIGINT to the command's process group
     alone): those were forwarded, the command had them.
 
-    overdue: a single run's (once.run.flow): it holds a signal back only while a claim or a
+    overdue: a single run's (held_back): it holds a signal back only while a claim or a
     final write is in hand, and is called (in a thread of its own) when that takes longer
     than `grace` seconds, or at once with a second signal: it ends the process."""
 
