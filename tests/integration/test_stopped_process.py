@@ -13,6 +13,10 @@ statement (MariaDB's idle_transaction_timeout, PostgreSQL's
 idle_in_transaction_session_timeout): before, every claim of the job exited 75, or no
 candidate could lead, for as long as it stayed stopped.
 
+Stopped at the claim's commit or before the result's write, then sent SIGTERM and continued,
+a single `once run` holds the signal back until the ledger has it (once.run.stops.held_back),
+within its grace.
+
 Real processes on every backend: an owner that claims through once.claim (leads through
 once.lead, runs `once run`'s command line) and stops itself the moment its driver has run a
 given statement, and real `once run` and `once lead` beside it.
