@@ -337,3 +337,13 @@ def test_every_module_sits_in_a_package_of_its_layer() -> None:
         "once.cli", "once.report", "once.serve", "once.api", "once.run", "once.ledger",
         "once.gaps", "once.stored", "once.periods", "once.units", "once.cron", "once.schedules",
         *LEAVES}
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    # The test directories are no packages: pytest imports each module by its basename, and
+    # refuses to collect a second of the same name (the whole suite then fails at collection).
+    tests = Path(__file__).resolve().parents[1]
+    seen: dict[str, Path] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        assert path.name not in seen, f"{path} and {seen[path.name]} share a name"
+        seen[path.name] = path
