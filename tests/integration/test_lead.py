@@ -300,13 +300,8 @@ def test_a_term_won_by_an_acquire_whose_answer_was_lost_is_not_waited_out(
     """The candidate finds the lease held under its own holder id: it releases that term
     (nothing ran under it) and leads at once, where it waited the whole lease (30 s) for
     it to run out."""
-    import sys
-
     began = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", API_UNANSWERED, ledger_url],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["1", "2"], done.stdout
+    assert _script(API_UNANSWERED, ledger_url) == "1 2"
     assert time.monotonic() - began < 20.0  # the lease is 30 s
     assert query(ledger_url, "SELECT term, ended FROM once_lead_terms ORDER BY term") == [
         (1, "released"), (2, "released")]
@@ -340,13 +335,18 @@ else:  # stopped right after an acquire that committed, its answer lost
 """
 
 
-def _elector(ledger_url: str, what: str) -> str:
+def _script(script: str, *args: str) -> str:
+    """A Python script run to its end, exit 0: what it printed."""
     import sys
 
-    done = subprocess.run([sys.executable, "-c", ELECTOR, ledger_url, what],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
+
+
+def _elector(ledger_url: str, what: str) -> str:
+    return _script(ELECTOR, ledger_url, what)
 
 
 def test_a_term_the_candidate_led_is_no_unanswered_acquire(ledger_url: str) -> None:
