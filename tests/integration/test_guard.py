@@ -316,6 +316,64 @@ def test_a_signal_between_fork_and_exec_reaches_the_command() -> None:
     assert result.stdout == f"{int(signal.SIGTERM)}\n"  # not "started": it never ran
 
 
+# once (wrapper.run, a forked guard) gets SIGTERM while its guard is at a point of its way to
+# the command's exec: the guard, held there by a hook, sends it and waits until the signal
+# forwarded to its group has reached it. argv: the point, then the file the command touches.
+_SIGNAL_WHILE_STARTING = """
+import os, signal, sys, time
+from once.run import guard, wrapper
+point, ran = sys.argv[1], sys.argv[2]
+once = os.getpid()
+
+def stopped_here(blocked):
+    got = []
+    if not blocked:  # the guard's handler, as it is, and a note that it ran
+        previous = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, lambda n, f: (got.append(n), previous(n, f)))
+    os.kill(once, signal.SIGTERM)
+    give_up = time.monotonic() + 30
+    while not (got or blocked and signal.SIGTERM in signal.sigpending()):
+        if time.monotonic() > give_up:
+            os._exit(3)
+        time.sleep(0.001)
+
+def hooked(name, before=None, after=None):
+    real = getattr(guard, name)
+    def hook(*args):
+        if before is not None:
+            before()
+        result = real(*args)
+        if after is not None:
+            after()
+        return result
+    setattr(guard, name, hook)
+
+if point == "forked":  # the guard just forked, its handlers not yet in
+    hooked("hold_stop_signals", before=lambda: stopped_here(True))
+elif point == "searching":  # its handlers in, looking for the command's file
+    hooked("found_on_path", before=lambda: stopped_here(False))
+else:  # "forking": it has looked for a held signal, its fork is next
+    hooked("stop_held", after=lambda: stopped_here(True))
+outcome = wrapper.run(["sh", "-c", 'touch "$1"', "sh", ran], dict(os.environ), None)
+print(outcome.kind, outcome.status, outcome.interrupted_by, os.path.exists(ran))
+"""
+
+
+@pytest.mark.parametrize("point", ["forked", "searching", "forking"])
+def test_a_stop_signal_while_the_guard_starts_the_command_keeps_it_from_starting(
+        tmp_path: Path, point: str) -> None:
+    # It was swallowed by the guard (its handler ignored what its group was sent): the command
+    # ran in full, the attempt was recorded interrupted, and the period ran again (an outside
+    # attacker's finding). Now the command does not start, as one the signal reached before
+    # its exec.
+    ran = tmp_path / "ran"
+    result = subprocess.run([sys.executable, "-c", _SIGNAL_WHILE_STARTING, point, str(ran)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"signaled 143 {int(signal.SIGTERM)} False\n", result.stderr
+    assert not ran.exists()
+
+
 # -- a catch-up's kept guard (once.run.keeper) -------------------------------------------------
 
 MINUTES = ["--every", "minute", "--since", "2026-01-01T00:00", "--until", "2026-01-01T00:03"]

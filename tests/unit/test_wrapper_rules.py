@@ -137,6 +137,34 @@ def test_signals_of_one_turn_are_forwarded_in_order_after_the_report() -> None:
     assert run.state.killed_first is False
 
 
+@pytest.mark.parametrize("same_turn", [True, False], ids=["with-the-end", "after-the-end"])
+def test_a_signal_after_the_command_s_end_is_not_the_command_s(same_turn: bool) -> None:
+    # It reached no command (the end was reported: it is sent now, if at all): a command that
+    # exited 0 on its own succeeded, and its period is done, not interrupted and run again
+    # (an outside attacker's finding: 9 in 250 signals at a command's end).
+    run = Run()
+    run.turn(Report(STARTED))
+    if same_turn:
+        assert run.turn(Signal(TERM), Report(b"exit 0\n")) == []
+    else:
+        assert run.turn(Report(b"exit 0\n")) == []
+        assert run.turn(Signal(TERM)) == []
+    assert run.turn(EOF) == [Reap()]  # nothing killed: the command ended on its own
+    assert run.state.forwarded is None and run.outcome().succeeded
+
+
+def test_a_signal_before_the_command_s_end_was_reported_is_the_command_s() -> None:
+    # The guard reports the end a moment after it: the signal may have come in between, or
+    # reached the command. Counted as forwarded (recorded interrupted, run again): never a
+    # period recorded done by a command stopped on its way.
+    run = Run()
+    run.turn(Report(STARTED))
+    assert run.turn(Signal(TERM)) == [Kill(TERM)]
+    run.turn(Report(b"exit 0\n"), EOF)
+    assert run.outcome() == machine.Outcome("exited", 0, TERM)
+    assert not run.outcome().succeeded
+
+
 # -- --timeout ---------------------------------------------------------------------------------
 
 
@@ -344,10 +372,20 @@ def _report(text: bytes) -> int:
 
 
 def test_the_shell_forwards_a_pending_signal_and_kills_the_group_at_the_end(
-        shell: dict[str, list[Any]]) -> None:
+        shell: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch) -> None:
     supervisor = wrapper._Supervisor(None, 1.0, None)
     supervisor.pending.append(TERM)
-    report = _report(b"started\nsignal 15\n")
+    supervisor.received.append(TERM)
+    report, guard = os.pipe()
+    os.write(guard, b"started\n")
+
+    def killpg(pid: int, sig: int) -> None:  # the command dies of what it is sent
+        shell["killpg"].append((pid, sig))
+        if sig == TERM:
+            os.write(guard, b"signal 15\n")
+            os.close(guard)
+
+    monkeypatch.setattr(os, "killpg", killpg)
     with supervisor.signals():
         outcome = supervisor.wait(4242, report)
     os.close(report)
@@ -356,9 +394,34 @@ def test_the_shell_forwards_a_pending_signal_and_kills_the_group_at_the_end(
     assert outcome == machine.Outcome("signaled", 143, TERM)
 
 
+def test_the_shell_looks_for_the_command_s_end_before_it_forwards_a_signal(
+        shell: dict[str, list[Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its wait woke with nothing to read (it was stopped, or busy, as the guard reported the
+    # command's end) and a signal pending: the end, read first, makes the signal once's own.
+    real_ready = wrapper._guard.ready
+    looks: list[float] = []
+
+    def ready(fds: list[int], timeout: float) -> set[int]:
+        looks.append(timeout)
+        return set() if len(looks) == 1 else real_ready(fds, timeout)
+
+    monkeypatch.setattr(wrapper._guard, "ready", ready)
+    supervisor = wrapper._Supervisor(None, 1.0, None)
+    supervisor.pending.append(TERM)
+    supervisor.received.append(TERM)
+    report = _report(b"started\nexit 0\n")
+    outcome = supervisor.wait(4242, report)
+    os.close(report)
+    assert looks[1] == 0  # the look before the signal is forwarded
+    assert shell["killpg"] == []
+    assert outcome == machine.Outcome("exited", 0) and outcome.succeeded
+
+
 def test_the_shell_handles_only_the_signals_not_ignored_when_once_started(
         shell: dict[str, list[Any]]) -> None:
     old = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
+    passed_on: list[int] = []
+    old_int = signal.signal(signal.SIGINT, lambda number, _frame: passed_on.append(number))
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         supervisor = wrapper._Supervisor(None, 1.0, None)
@@ -372,8 +435,11 @@ def test_the_shell_handles_only_the_signals_not_ignored_when_once_started(
         assert supervisor.pending == [INT]
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
         assert {sig: signal.getsignal(sig) for sig in before} == before  # put back
+        # No command had it (none ran): passed on to the handler before the wrapper's.
+        assert passed_on == [INT]
     finally:
         signal.signal(signal.SIGHUP, old)
+        signal.signal(signal.SIGINT, old_int)
     assert set(wrapper.FORWARDED) == {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 

@@ -67,16 +67,24 @@ def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
     # The wrapper's collections from now on leave what the guard shares with it alone: a
     # collection touches, and so copies, every page of the objects it looks at.
     gc.freeze()
-    pid = os.fork()
+    # Blocked across the fork: one that reaches the new guard before its handlers are in
+    # waits for them (hold_stop_signals) instead of meeting the wrapper's, and is lost.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    try:
+        pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
     if pid == 0:
         code = 70
         try:
             for fd in (report_r, *inherited):
                 os.close(fd)
             code = _guard(command, env, tty, title, wrapper, report_w, ignored, watch,
-                          stdio or {})
+                          stdio or {}, mask)
         finally:
             os._exit(code)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.close(report_w)
     # Set the group from both sides, so that killpg(pid) works whoever runs first.
     with suppress(OSError):
@@ -86,22 +94,60 @@ def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
 
 def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
            wrapper: int, report: int, ignored: frozenset[int],
-           watch: Watch | None, stdio: dict[int, int]) -> int:
+           watch: Watch | None, stdio: dict[int, int], mask: set[int | signal.Signals]) -> int:
     gc.disable()  # a collection would touch, and so copy, every page shared with the wrapper
     signal.set_wakeup_fd(-1)  # the wrapper's, inherited across the fork
     os.setpgid(0, 0)
+    hold_stop_signals(ignored)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # blocked by spawn across the fork
     _retitle(title)
     signal.signal(signal.SIGUSR1, _wrapper_died)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for sig in FORWARDED:  # the command gets these itself: it shares our group
-        signal.signal(sig, signal.SIG_IGN if sig in ignored else _ignore)
     _set_parent_death_signal(signal.SIGUSR1)
     if os.getppid() != wrapper:  # the wrapper died before the signal was armed
         _wrapper_died(signal.SIGUSR1, None)
     if tty is not None:
         take_terminal(tty, os.getpgrp())
-    run_one(command, env, stdio, report, watch)
+    run_one(command, env, stdio, report, watch, held=stop_held)
     return 0
+
+
+# The stop signals that reached this guard before its command's fork: the wrapper sent
+# them to the group before the command was there (the guard starting, slow to wake, stopped,
+# starved), and that command must not start deaf to them: it does not start (an outside
+# attacker's finding: it ran to its end, the signal swallowed here, and its period ran again).
+_held: list[int] = []
+
+
+def hold_stop_signals(ignored: Iterable[int]) -> None:
+    """The command gets the stop signals itself (it shares our group): the guard notes them
+    (_held), but for those ignored when once started."""
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_IGN if sig in ignored else _hold)
+
+
+def _hold(signum: int, _frame: object) -> None:
+    _held.append(signum)
+
+
+def forget_held() -> None:
+    """A command has started: what comes from now on is its own (it reaches its group)."""
+    del _held[:]
+
+
+def stop_held() -> int:
+    """The first stop signal held, handled or pending (blocked: _start looks with them
+    blocked, so none comes between the look and the fork); 0 for none."""
+    if _held:
+        return _held[0]
+    return min(_pending_stops(), default=0)
+
+
+def _pending_stops() -> set[int]:
+    """The stop signals pending while blocked, but for ignored ones (Linux keeps a blocked
+    signal pending even where it is ignored)."""
+    return {int(sig) for sig in signal.sigpending() & set(FORWARDED)
+            if signal.getsignal(sig) != signal.SIG_IGN}
 
 
 def run_one(command: list[str], env: dict[str, str], stdio: dict[int, int], report: int,
@@ -180,6 +226,13 @@ def _start(command: list[str], env: dict[str, str], stdio: dict[int, int], guard
         raise
     if pid == 0:
         _exec(command, env, stdio, guard, prepared, found, mask, errors_w)
+    # Pending here: came before the fork (ours alone: the child lacks it, and would start
+    # deaf to it) or after (the child has it too, blocked until its exec: sent again, it is
+    # still one signal). Only a guard slower than the child's whole way to its exec could
+    # send one the command has had: twice a stop signal rather than none.
+    for number in _pending_stops():
+        with suppress(ProcessLookupError):
+            os.kill(pid, number)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.close(errors_w)
     try:

@@ -209,7 +209,7 @@ def serve() -> None:
     signal.signal(signal.SIGUSR1, _guard._wrapper_died)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     ignored = {int(sig) for sig in FORWARDED if signal.getsignal(sig) == signal.SIG_IGN}
-    _forwarded(ignored)
+    _guard.hold_stop_signals(ignored)
     _guard._set_parent_death_signal(signal.SIGUSR1)
     if os.getppid() != wrapper:  # the wrapper died before the signal was armed
         _guard._wrapper_died(signal.SIGUSR1, None)
@@ -235,13 +235,14 @@ def serve() -> None:
                 # before `started` tells the wrapper so.
                 os.killpg(0, signal.SIGKILL)
         _guard._retitle(title)
-        _forwarded(set(ignored_now))
+        _guard.hold_stop_signals(ignored_now)
         if tty:
             _guard.take_terminal(0, os.getpgrp())
         stdio = {target: fds[index] for target, index in targets}
         watch = None if lease_deadline is None else (deadline, lease_deadline, grace)
-        _guard.run_one(command, env, stdio, report, watch, prepared=True, held=_stop_held)
-        del _held[:]  # the command's own from its start (they reach its group)
+        _guard.run_one(command, env, stdio, report, watch, prepared=True,
+                       held=_guard.stop_held)
+        _guard.forget_held()  # the command's own from its start (they reach its group)
         if _left_behind():
             return  # its end of file tells the wrapper: the next period gets a new guard
         os.write(report, b"ready\n")
@@ -262,30 +263,6 @@ def prepare() -> None:
                 os.set_inheritable(fd, False)
     for sig in _guard._RESTORED:
         signal.signal(sig, _guard._ignore)
-
-
-# The stop signals that reached this guard since its last command ended: the wrapper sent
-# them to the group for the period whose request it had sent, before its command was there
-# (the guard slow to wake, stopped, starved), and that command must not start deaf to them
-# (an outside attacker's finding: it ran to its end, the signal swallowed here).
-_held: list[int] = []
-
-
-def _hold(signum: int, _frame: object) -> None:
-    _held.append(signum)
-
-
-def _stop_held() -> int:
-    """The first stop signal held, handled or pending (blocked: _start looks with them
-    blocked, so none comes between the look and the fork); 0 for none."""
-    if _held:
-        return _held[0]
-    return int(min(signal.sigpending() & set(FORWARDED), default=0))
-
-
-def _forwarded(ignored: set[int]) -> None:
-    for sig in FORWARDED:  # the command gets these itself: it shares our group
-        signal.signal(sig, signal.SIG_IGN if sig in ignored else _hold)
 
 
 def _receive(channel: socket.socket) -> tuple[Any, list[int]] | None:

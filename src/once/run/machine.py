@@ -8,7 +8,8 @@ events and performs its actions). No I/O here: no clock, no process, no ledger.
     any of them ──(the guard's report complete: its end of file, a kept guard's `ready`)──> GONE
 
 A turn of the wrapper's loop is one step: the guard's report lines and end of file first, then
-the signals once received (each forwarded to the command's group), then the timers: the first
+the signals once received (each forwarded to the command's group, unless the report has told
+the command's end: then it is not the command's), then the timers: the first
 renewal due (the heartbeat starts), the step-down's SIGTERM --kill-after before the lease's
 deadline (or once the row is found taken), --timeout's SIGTERM, the SIGKILL --kill-after after
 a SIGTERM or at the deadline. Once the report is complete the command's group is killed if the
@@ -188,7 +189,9 @@ def step(state: State, now: float, lease: Terms | None,
             gone = gone or not event.data
             state = state.but(report=state.report + event.data, killed_first=state.killed)
     for event in events:
-        if isinstance(event, Signal):
+        # One that comes once the command's end is known never reached it (it is sent now):
+        # not the command's, it is once's own (the shell passes it on, run()).
+        if isinstance(event, Signal) and not state.ended:
             state = _stop(state.but(forwarded=event.number), event.number, now, actions)
     state = _timers(state, now, lease, actions)
     if gone or state.ready:

@@ -64,7 +64,8 @@ def run(
     process group and wait for the group to be gone (once lead: nothing of a term outlives it).
     stop: a run of several commands' (Stop): a stop signal it noted before the command could
     start keeps it from starting (NOT_STARTED); one that comes while it runs is forwarded and
-    noted there too.
+    noted there too. One that comes once the command has ended is not the command's: it goes,
+    on the way out, to the handler the caller had (once's own stop: Stop, held_back).
     """
     tty = _foreground_tty()
     grace = kill_after if lease is None else min(kill_after, max_grace(lease.stale_after))
@@ -200,6 +201,8 @@ class _Supervisor:
         self.kept_guard = keeper is not None  # its deadline pipe is its keeper's
         self.state = machine.start(lease_now(), grace, timeout, self.kept_guard)
         self.pending: list[int] = []
+        self.received: list[int] = []  # every stop signal, in order
+        self.interrupted = False  # one of them reached the command
         # As PID 1 (a container's init) we inherit every orphan of the command's tree and
         # must reap them as they die; otherwise we wait for the guard alone, so that a
         # program importing once keeps the statuses of its own children.
@@ -263,6 +266,12 @@ class _Supervisor:
             for fd in (self.deadline_r, self.deadline_w):
                 if fd >= 0 and not self.kept_guard:  # a kept guard's pipe is its keeper's
                     os.close(fd)
+            if self.received and not self.interrupted:
+                # None reached the command (it had ended): once's own, for the caller's
+                # handler, as if it came just now (held_back: once dies of it once the result
+                # is written). After one the command had, the rest change nothing (held_back
+                # would take a second signal for an order to end at once).
+                signal.raise_signal(self.received[0])
 
     def wait(self, guard: int, report: int) -> Outcome:
         self.guard, self.report = guard, report
@@ -281,6 +290,9 @@ class _Supervisor:
             self.lease.stranded = beat.is_alive()
         outcome, actions = machine.outcome(self.state, self.guard_status)
         self._perform(actions)
+        self.interrupted = outcome.interrupted_by is not None
+        if self.interrupted and self.stop is not None:  # the command had it: once ends as it did
+            self.stop.note(self.received[0], forwarded=True)
         return replace(outcome, output=output)
 
     def _terms(self) -> machine.Terms | None:
@@ -309,6 +321,10 @@ class _Supervisor:
                 self._reap(block=False)
             signals = self.pending[:]
             del self.pending[:len(signals)]  # one bytecode: a signal handled meanwhile stays
+            if signals and _guard.ready([self.report], 0):
+                # Another look first: the command's end, reported while this process was
+                # stopped or busy, makes them once's own, not the command's (machine.step).
+                events.append(machine.Report(os.read(self.report, 512)))
             events += map(machine.Signal, signals)
             self.state, actions = machine.step(self.state, lease_now(), self._terms(), *events)
             self._perform(actions)
@@ -370,8 +386,7 @@ class _Supervisor:
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum != signal.SIGCHLD:
             self.pending.append(signum)
-            if self.stop is not None:
-                self.stop.note(signum, forwarded=True)
+            self.received.append(signum)
 
     def _heartbeat(self) -> None:
         assert self.lease is not None
