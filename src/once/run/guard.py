@@ -339,6 +339,14 @@ def _wait(pid: int, watch: Watch | None, report: int) -> tuple[int, bool]:
         pidfd = -1
     if watch is None or pidfd < 0:
         return os.waitpid(pid, 0)[1], False
+    try:
+        return _watch(pid, pidfd, watch, report)
+    finally:
+        os.close(pidfd)  # a kept guard waits for thousands of commands
+
+
+def _watch(pid: int, pidfd: int, watch: Watch, report: int) -> tuple[int, bool]:
+    """_wait's loop: the command's end, the renewed deadlines, the step-down."""
     fd, deadline, grace = watch
     stopping = False
     pending = b""
