@@ -297,14 +297,14 @@ def test_the_command_gets_stdio_alone_and_sigpipe_at_default(once_env: dict[str,
 # forwarded one can): the guard's own handler, inherited by the fork, must not swallow it.
 _SIGNAL_IN_THE_WINDOW = """
 import os, signal, sys
-from once.run import guard
-signal.signal(signal.SIGTERM, guard._ignore)  # the guard's handler for a forwarded signal
-close = guard._close_inherited
+from once.run import launch
+signal.signal(signal.SIGTERM, launch.ignore)  # a handler of the guard's
+close = launch._close_inherited
 def close_and_signal(keep):
     close(keep)
     os.kill(os.getpid(), signal.SIGTERM)
-guard._close_inherited = close_and_signal
-pid = guard._start(["sh", "-c", "echo started"], dict(os.environ), {}, os.getpid())
+launch._close_inherited = close_and_signal
+pid = launch.start(["sh", "-c", "echo started"], dict(os.environ), {}, os.getpid())
 status = os.waitpid(pid, 0)[1]
 print(os.WTERMSIG(status) if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}")
 """
@@ -322,7 +322,7 @@ def test_a_signal_between_fork_and_exec_reaches_the_command() -> None:
 # forwarded to its group has reached it. argv: the point, then the file the command touches.
 _SIGNAL_WHILE_STARTING = """
 import os, signal, sys, time
-from once.run import guard, wrapper
+from once.run import launch, wrapper
 point, ran = sys.argv[1], sys.argv[2]
 once = os.getpid()
 
@@ -339,7 +339,7 @@ def stopped_here(blocked):
         time.sleep(0.001)
 
 def hooked(name, before=None, after=None):
-    real = getattr(guard, name)
+    real = getattr(launch, name)
     def hook(*args):
         if before is not None:
             before()
@@ -347,7 +347,7 @@ def hooked(name, before=None, after=None):
         if after is not None:
             after()
         return result
-    setattr(guard, name, hook)
+    setattr(launch, name, hook)
 
 if point == "forked":  # the guard just forked, its handlers not yet in
     hooked("hold_stop_signals", before=lambda: stopped_here(True))
@@ -373,6 +373,45 @@ def test_a_stop_signal_while_the_guard_starts_the_command_keeps_it_from_starting
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"signaled 143 {int(signal.SIGTERM)} False\n", result.stderr
     assert not ran.exists()
+
+
+# once (wrapper.run, a forked guard) gets SIGTERM after its guard saw the command end and
+# before the guard reported it: the guard, held there by a hook on its reaping, sends it and
+# waits until the signal once forwarded to its group has reached it. Prints the outcome and
+# the signals passed on to the handler once had before.
+_SIGNAL_AFTER_THE_END = """
+import os, signal, sys, time
+from once.run import launch, wrapper
+once = os.getpid()
+passed_on = []
+signal.signal(signal.SIGTERM, lambda n, f: passed_on.append(n))
+real_waitpid = os.waitpid
+
+def waitpid(pid, options):
+    if os.getpid() != once and options == 0:  # the guard, the command seen to have ended
+        os.kill(once, signal.SIGTERM)
+        give_up = time.monotonic() + 30
+        while not launch._held:  # the guard's handler notes what reaches its group
+            if time.monotonic() > give_up:
+                os._exit(3)
+            time.sleep(0.001)
+    return real_waitpid(pid, options)
+
+os.waitpid = waitpid
+outcome = wrapper.run(["true"], dict(os.environ), None)
+print(outcome.kind, outcome.status, outcome.interrupted_by, passed_on)
+"""
+
+
+def test_a_stop_signal_the_guard_saw_come_after_the_command_s_end_is_not_the_command_s(
+        ) -> None:
+    # Forwarded before once had the guard's report: it reached no command (the guard saw the
+    # end first), so the command's 0 is a success, not an interruption (its period ran again:
+    # an outside attacker's finding), and the signal is once's own, for its handler.
+    result = subprocess.run([sys.executable, "-c", _SIGNAL_AFTER_THE_END],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"exited 0 None [{int(signal.SIGTERM)}]\n", result.stderr
 
 
 # -- a catch-up's kept guard (once.run.keeper) -------------------------------------------------

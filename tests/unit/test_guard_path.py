@@ -1,14 +1,14 @@
-"""The guard's PATH search, made before the command's fork (once.run.guard.found_on_path): it
+"""The guard's PATH search, made before the command's fork (once.run.launch.found_on_path): it
 must pick the file os.execvpe would run, and where that file's exec fails, execvpe's own
 search decides (it goes on to the next directory). Real files and a real command, started
-as the guard starts it (guard._start)."""
+as the guard starts it (launch.start)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from once.run import guard
+from once.run import launch
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -34,7 +34,7 @@ def _ran(command: list[str], env: dict[str, str]) -> str:
     """What the command wrote, started as the guard starts it."""
     read, write = os.pipe()
     try:
-        pid = guard._start(command, env, {1: write}, os.getpid())
+        pid = launch.start(command, env, {1: write}, os.getpid())
     finally:
         os.close(write)
     with os.fdopen(read, "rb") as out:
@@ -47,15 +47,15 @@ def test_the_first_file_on_path_is_found_whatever_it_is(tmp_path: Path) -> None:
     env = _tree(tmp_path)
     # Missing is passed over; not executable is not judged here (exec decides, with the
     # effective ids and capabilities that os.access leaves out): execvpe's search takes over.
-    assert guard.found_on_path("cmd", env) == str(tmp_path / "plain" / "cmd")
+    assert launch.found_on_path("cmd", env) == str(tmp_path / "plain" / "cmd")
     (tmp_path / "plain" / "cmd").unlink()
     (tmp_path / "plain" / "cmd").symlink_to(tmp_path / "gone")  # dangling: missing, to exec
-    assert guard.found_on_path("cmd", env) == str(tmp_path / "dir" / "cmd")
+    assert launch.found_on_path("cmd", env) == str(tmp_path / "dir" / "cmd")
     (tmp_path / "dir" / "cmd").rmdir()
-    assert guard.found_on_path("cmd", env) == str(tmp_path / "junk" / "cmd")
-    assert guard.found_on_path("nothing-of-that-name", env) is None
-    assert guard.found_on_path("./cmd", env) is None  # a slash: run as it is, no search
-    assert guard.found_on_path("", env) is None
+    assert launch.found_on_path("cmd", env) == str(tmp_path / "junk" / "cmd")
+    assert launch.found_on_path("nothing-of-that-name", env) is None
+    assert launch.found_on_path("./cmd", env) is None  # a slash: run as it is, no search
+    assert launch.found_on_path("", env) is None
 
 
 def test_a_found_file_whose_exec_fails_leaves_it_to_execvpe(tmp_path: Path) -> None:

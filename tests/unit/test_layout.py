@@ -248,8 +248,8 @@ def test_the_cli_holds_no_sql(module: str) -> None:
 
 
 HOT = ("once.cli", "once.cli.main", "once.cli.options", "once.api", "once.run.flow",
-       "once.run.wrapper", "once.run.machine", "once.run.guard", "once.run.lease",
-       "once.run.relay", "once.run.child", "once.run.attempt", "once.run.notify",
+       "once.run.wrapper", "once.run.machine", "once.run.guard", "once.run.launch",
+       "once.run.lease", "once.run.relay", "once.run.child", "once.run.attempt", "once.run.notify",
        "once.messages", "once.periods", "once.units", "once.schedules", "once.stored",
        "once.gaps",
        "once.ledger", "once.ledger.base", "once.ledger.url", "once.ledger.records",
@@ -296,10 +296,10 @@ LAYERS = (
 # Inside once.run: run and catch-up compose the parts that start and watch one command.
 RUN_LAYERS = (
     ("once.run.flow", "once.run.backfill", "once.run.lead"),
-    ("once.run.wrapper", "once.run.guard", "once.run.keeper", "once.run.lease", "once.run.relay",
-     "once.run.child", "once.run.attempt", "once.run.notify", "once.run.skips",
-     "once.run.stops"),
+    ("once.run.wrapper", "once.run.guard", "once.run.launch", "once.run.keeper", "once.run.lease",
+     "once.run.relay", "once.run.child", "once.run.attempt", "once.run.notify", "once.run.skips"),
     ("once.run.machine",),  # the wrapper's rules: pure, below its shell
+    ("once.run.stops",),  # the stop signals and their words, which machine reads too
 )
 
 

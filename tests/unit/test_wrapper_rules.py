@@ -165,6 +165,16 @@ def test_a_signal_before_the_command_s_end_was_reported_is_the_command_s() -> No
     assert not run.outcome().succeeded
 
 
+def test_a_signal_the_guard_saw_come_after_the_command_s_end_is_not_the_command_s() -> None:
+    # Forwarded before the report came, but the guard saw the command end before any signal
+    # reached its group (once.run.guard's `unsignaled`): the command did not have it.
+    run = Run()
+    run.turn(Report(STARTED))
+    assert run.turn(Signal(TERM)) == [Kill(TERM)]
+    run.turn(Report(b"unsignaled\nexit 0\n"), EOF)
+    assert run.outcome() == machine.Outcome("exited", 0) and run.outcome().succeeded
+
+
 # -- --timeout ---------------------------------------------------------------------------------
 
 

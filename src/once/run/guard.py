@@ -21,24 +21,26 @@ Without prctl (not Linux) there are no parent-death signals at all.
 
 The guard reports to the wrapper through a pipe: `started` once COMMAND runs, then one line
 for how it ended (`exit N`, `signal N`, `exec ERRNO`; `lapsed ...` when the guard stepped
-down at the lease's deadline). A guard that dies without its last line was killed.
+down at the lease's deadline), with `unsignaled` before it when COMMAND ended before any stop
+signal reached its group (a wrapper of an earlier version reads the last line alone). A guard
+that dies without its last line was killed.
 """
 
 from __future__ import annotations
 
 import errno
 import gc
+import math
 import os
 import select
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import suppress
-from typing import NoReturn
 
 from once.deadlines import lease_now
-from once.run.stops import FORWARDED
+from once.run import launch
+from once.run.stops import FORWARDED, UNSIGNALED
 
-_PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 
 # The longest a wait sleeps: select's timeout runs on the monotonic clock, which stops while
@@ -98,56 +100,18 @@ def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
     gc.disable()  # a collection would touch, and so copy, every page shared with the wrapper
     signal.set_wakeup_fd(-1)  # the wrapper's, inherited across the fork
     os.setpgid(0, 0)
-    hold_stop_signals(ignored)
+    launch.hold_stop_signals(ignored)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # blocked by spawn across the fork
     _retitle(title)
     signal.signal(signal.SIGUSR1, _wrapper_died)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    _set_parent_death_signal(signal.SIGUSR1)
+    launch.set_parent_death_signal(signal.SIGUSR1)
     if os.getppid() != wrapper:  # the wrapper died before the signal was armed
         _wrapper_died(signal.SIGUSR1, None)
     if tty is not None:
         take_terminal(tty, os.getpgrp())
-    run_one(command, env, stdio, report, watch, held=stop_held)
+    run_one(command, env, stdio, report, watch, held=launch.stop_held)
     return 0
-
-
-# The stop signals that reached this guard before its command's fork: the wrapper sent
-# them to the group before the command was there (the guard starting, slow to wake, stopped,
-# starved), and that command must not start deaf to them: it does not start (an outside
-# attacker's finding: it ran to its end, the signal swallowed here, and its period ran again).
-_held: list[int] = []
-
-
-def hold_stop_signals(ignored: Iterable[int]) -> None:
-    """The command gets the stop signals itself (it shares our group): the guard notes them
-    (_held), but for those ignored when once started."""
-    for sig in FORWARDED:
-        signal.signal(sig, signal.SIG_IGN if sig in ignored else _hold)
-
-
-def _hold(signum: int, _frame: object) -> None:
-    _held.append(signum)
-
-
-def forget_held() -> None:
-    """A command has started: what comes from now on is its own (it reaches its group)."""
-    del _held[:]
-
-
-def stop_held() -> int:
-    """The first stop signal held, handled or pending (blocked: _start looks with them
-    blocked, so none comes between the look and the fork); 0 for none."""
-    if _held:
-        return _held[0]
-    return min(_pending_stops(), default=0)
-
-
-def _pending_stops() -> set[int]:
-    """The stop signals pending while blocked, but for ignored ones (Linux keeps a blocked
-    signal pending even where it is ignored)."""
-    return {int(sig) for sig in signal.sigpending() & set(FORWARDED)
-            if signal.getsignal(sig) != signal.SIG_IGN}
 
 
 def run_one(command: list[str], env: dict[str, str], stdio: dict[int, int], report: int,
@@ -159,174 +123,43 @@ def run_one(command: list[str], env: dict[str, str], stdio: dict[int, int], repo
     (once.run.keeper.prepare), so the command's fork does not set them. held: the kept
     guard's, the stop signal that reached it before this command's fork (0: none), reported
     as a forked guard's command that died of it before its exec."""
+    signals_r, signals_w = os.pipe()
+    for fd in (signals_r, signals_w):
+        os.set_blocking(fd, False)
+    previous = signal.set_wakeup_fd(signals_w, warn_on_full_buffer=False)
     try:
-        child = _start(command, env, stdio, os.getpid(), prepared, held)
-    except _StoppedBeforeStart as stop:
-        os.write(report, f"started\nsignal {stop.number}\n".encode())
-        return
-    except OSError as exc:
-        os.write(report, f"exec {exc.errno or errno.ENOEXEC}\n".encode())
-        return
+        try:
+            child = launch.start(command, env, stdio, os.getpid(), prepared, held)
+        except launch.StoppedBeforeStart as stop:
+            os.write(report, f"started\nsignal {stop.number}\n".encode())
+            return
+        except OSError as exc:
+            os.write(report, f"exec {exc.errno or errno.ENOEXEC}\n".encode())
+            return
+        finally:
+            for fd in set(stdio.values()):  # the command's alone: its end is the relay's EOF
+                os.close(fd)
+        os.write(report, b"started\n")
+        status, lapsed, unsignaled = _wait(child, watch, report, signals_r)
     finally:
-        for fd in set(stdio.values()):  # the command's alone: its end is the relay's EOF
-            os.close(fd)
-    os.write(report, b"started\n")
-    status, lapsed = _wait(child, watch, report)
-    prefix = "lapsed " if lapsed else ""
-    if os.WIFSIGNALED(status):
-        os.write(report, f"{prefix}signal {os.WTERMSIG(status)}\n".encode())
-    else:
-        os.write(report, f"{prefix}exit {os.waitstatus_to_exitcode(status)}\n".encode())
+        signal.set_wakeup_fd(previous)
+        os.close(signals_r)
+        os.close(signals_w)
+    # One write: `unsignaled` (the command ended before a stop signal reached its group: one
+    # the wrapper forwarded after that was not the command's) comes with the end or not at all.
+    how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+           else f"exit {os.waitstatus_to_exitcode(status)}")
+    os.write(report, f"{UNSIGNALED}\n{how}\n".encode() if unsignaled and not lapsed
+             else f"{'lapsed ' if lapsed else ''}{how}\n".encode())
     if lapsed:  # stepped down: nothing the command started may carry on
         os.killpg(0, signal.SIGKILL)
 
 
-# Ignored by Python itself, not by whoever started once: the command gets them at default,
-# as subprocess's restore_signals gives them.
-_RESTORED = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ")
-                  if hasattr(signal, name))
-
-
-class _StoppedBeforeStart(Exception):
-    def __init__(self, number: int) -> None:
-        self.number = number
-
-
-def _start(command: list[str], env: dict[str, str], stdio: dict[int, int], guard: int,
-           prepared: bool = False, held: Callable[[], int] | None = None) -> int:
-    """Fork and exec the command; its pid. OSError (the exec's errno) when it cannot start.
-
-    What subprocess.Popen(close_fds=True, restore_signals=True, preexec_fn=...) does, without
-    its cost (a millisecond a command, paid per period by a catch-up): stdout and stderr
-    redirected, every other descriptor of ours closed, SIGKILL when the guard dies (the
-    guard may already have), PATH searched in the command's environment (os.execvpe, as
-    subprocess does). Only what was ignored when once started stays ignored, and nothing is
-    blocked. The guard has no threads (it is a fork of one), so the child may run Python
-    until its exec (and Python's at-fork handlers do, harmlessly).
-
-    A signal the wrapper forwards while the child is on its way (the guard's own handler
-    would swallow it there) is held back by the mask until the child's handlers are the
-    command's, then delivered: the command does not start deaf to it.
-
-    The PATH search is made here, before the fork (found_on_path): in the child it cost half a
-    millisecond of CPU a command, each directory's failed exec copying pages of ours.
-    """
-    found = found_on_path(command[0], env)
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
-    if held is not None and (number := held()):  # looked at blocked: none comes in between
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        raise _StoppedBeforeStart(number)
-    errors_r, errors_w = _pipe_above_stdio()
-    try:
-        pid = os.fork()
-    except OSError:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        os.close(errors_r)
-        os.close(errors_w)
-        raise
-    if pid == 0:
-        _exec(command, env, stdio, guard, prepared, found, mask, errors_w)
-    # Pending here: came before the fork (ours alone: the child lacks it, and would start
-    # deaf to it) or after (the child has it too, blocked until its exec: sent again, it is
-    # still one signal). Only a guard slower than the child's whole way to its exec could
-    # send one the command has had: twice a stop signal rather than none.
-    for number in _pending_stops():
-        with suppress(ProcessLookupError):
-            os.kill(pid, number)
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    os.close(errors_w)
-    try:
-        failed = os.read(errors_r, 32)  # nothing: the exec closed the pipe
-    finally:
-        os.close(errors_r)
-    if failed:
-        os.waitpid(pid, 0)
-        number = int(failed) if failed.isdigit() else errno.ENOEXEC
-        raise OSError(number, os.strerror(number))
-    return pid
-
-
-def _exec(command: list[str], env: dict[str, str], stdio: dict[int, int], guard: int,
-          prepared: bool, found: str | None, mask: set[int | signal.Signals],
-          errors: int) -> NoReturn:
-    """The child's part of _start: its descriptors and signals set, the exec; what fails is
-    written to `errors` as an errno."""
-    try:
-        for target, fd in stdio.items():
-            if fd == target:  # dup2 would keep it close-on-exec
-                os.set_inheritable(fd, True)
-            else:
-                os.dup2(fd, target)
-        if not prepared:
-            _close_inherited(keep=errors)
-        # A kept guard's handlers too: a stop signal from here to the exec must end the
-        # child as it would the command, not be swallowed (it would start deaf to it).
-        for sig in (*(() if prepared else _RESTORED), *FORWARDED):
-            if sig in _RESTORED or signal.getsignal(sig) != signal.SIG_IGN:
-                signal.signal(sig, signal.SIG_DFL)
-        _set_parent_death_signal(signal.SIGKILL)
-        if _PRCTL is not None and os.getppid() != guard:
-            os.kill(os.getpid(), signal.SIGKILL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        if found is not None:
-            with suppress(OSError):  # execvpe's own search meets it too, and says so
-                os.execve(found, command, env)
-        os.execvpe(command[0], command, env)
-    except BaseException as exc:  # a bad name or value in the environment: ENOEXEC
-        number = exc.errno if isinstance(exc, OSError) and exc.errno else errno.ENOEXEC
-        os.write(errors, str(number).encode())
-    finally:
-        os._exit(127)
-
-
-def found_on_path(name: str, env: dict[str, str]) -> str | None:
-    """The file os.execvpe(name, ..., env) tries first: the first path called name in the
-    environment's PATH (os.get_exec_path) that exists, whatever it is; None for a name with a
-    slash (run as it is) or when none exists. A shortcut only: where its exec fails (not
-    executable, a directory, no format exec knows), execvpe searches again, and runs what it
-    would have run. Whether a file may be run is exec's to say, never ours: os.access asks
-    for the real uid, and a setuid once or a capability (systemd's AmbientCapabilities=)
-    lets exec run what access refuses, so a search that judged would run a file further down
-    PATH than execvpe (an outside attacker's finding)."""
-    if not name or os.path.dirname(name):
-        return None
-    for directory in os.get_exec_path(env):
-        path = os.path.join(directory, name)
-        if os.path.exists(path):  # stat: exec's own view of the path (effective ids)
-            return path
-    return None
-
-
-def _close_inherited(keep: int) -> None:
-    """Close every descriptor but 0, 1, 2 and keep: the ones /proc lists (a loop up to the
-    descriptor limit could take minutes where that limit is a billion), else all up to
-    the limit."""
-    try:
-        fds: Iterable[int] = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        fds = range(3, _MAXFD)
-    for fd in fds:
-        if fd > 2 and fd != keep:
-            with suppress(OSError):  # the listing's own descriptor, already closed
-                os.close(fd)
-
-
-def _pipe_above_stdio() -> tuple[int, int]:
-    """A close-on-exec pipe whose ends are not 0, 1 or 2 (which are free when once was
-    started with them closed): the command's stdout and stderr go there."""
-    ends = os.pipe()  # close-on-exec, as every descriptor Python makes
-    if min(ends) > 2:
-        return ends
-    import fcntl
-
-    moved = tuple(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3) for fd in ends)
-    for fd in ends:
-        os.close(fd)
-    return moved[0], moved[1]
-
-
-def _wait(pid: int, watch: Watch | None, report: int) -> tuple[int, bool]:
-    """The command's wait status, and whether the lease's deadline passed while it ran.
+def _wait(pid: int, watch: Watch | None, report: int,
+          signals: int) -> tuple[int, bool, bool]:
+    """The command's wait status, whether the lease's deadline passed while it ran, and
+    whether it ended before any signal reached this guard (`signals`: the wakeup descriptor,
+    a byte for each signal handled; see _watch).
 
     With a watch the guard steps down on its own, as the wrapper does: SIGTERM to the group
     (the guard ignores it) the grace before the deadline, SIGKILL at the deadline. A wrapper
@@ -334,28 +167,34 @@ def _wait(pid: int, watch: Watch | None, report: int) -> tuple[int, bool]:
     before a takeover can start.
     """
     try:
-        pidfd = os.pidfd_open(pid) if watch is not None else -1
+        pidfd = os.pidfd_open(pid)
     except OSError:  # no pidfd (Linux before 5.3): the wrapper alone watches the deadline
-        pidfd = -1
-    if watch is None or pidfd < 0:
-        return os.waitpid(pid, 0)[1], False
+        return os.waitpid(pid, 0)[1], False, False
     try:
-        return _watch(pid, pidfd, watch, report)
+        return _watch(pid, pidfd, watch or (-1, math.inf, 0.0), report, signals)
     finally:
         os.close(pidfd)  # a kept guard waits for thousands of commands
 
 
-def _watch(pid: int, pidfd: int, watch: Watch, report: int) -> tuple[int, bool]:
-    """_wait's loop: the command's end, the renewed deadlines, the step-down."""
+def _watch(pid: int, pidfd: int, watch: Watch, report: int,
+           signals: int) -> tuple[int, bool, bool]:
+    """_wait's loop: the command's end, the renewed deadlines, the step-down.
+
+    Which came first, the command's end or a stop signal to its group: a signal pending when
+    a wait returns is handled before the wait's caller runs on (its handler writes a byte to
+    `signals`), so a wait that saw the end with no byte there saw it before any signal came.
+    Both seen in one wait: the signal counts as the command's (it may have had it)."""
     fd, deadline, grace = watch
     stopping = False
     pending = b""
+    heard = False
     while True:
-        watched = [pidfd, fd] if fd >= 0 else [pidfd]
+        watched = [pidfd, signals, fd] if fd >= 0 else [pidfd, signals]
         pause = min(MAX_SLEEP, max(0.0, wake_at(deadline, grace, stopping) - lease_now()))
         readable = ready(watched, pause)
+        heard = _drained(signals) or heard
         if pidfd in readable:
-            return os.waitpid(pid, 0)[1], stopping
+            return os.waitpid(pid, 0)[1], stopping, not heard
         if fd in readable:
             # A whole pipe's worth (Linux's 64 KiB): a guard that was stopped judges the
             # deadline by every renewal made meanwhile, not by the first 4 KiB of them.
@@ -372,6 +211,15 @@ def _watch(pid: int, pidfd: int, watch: Watch, report: int) -> tuple[int, bool]:
         elif sig == signal.SIGTERM:
             os.killpg(0, signal.SIGTERM)
             stopping = True
+
+
+def _drained(fd: int) -> bool:
+    """Whether the non-blocking pipe fd held anything; emptied."""
+    found = False
+    with suppress(BlockingIOError):
+        while os.read(fd, 512):
+            found = True
+    return found
 
 
 # The watch's rules, pure (tests/unit/test_guard_rules.py).
@@ -427,10 +275,6 @@ def take_terminal(tty: int, pgrp: int) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def _ignore(_signum: int, _frame: object) -> None:
-    pass
-
-
 def _wrapper_died(_signum: int, _frame: object) -> None:
     os.killpg(0, signal.SIGKILL)  # the command, its children, and this guard
 
@@ -442,11 +286,11 @@ def _retitle(title: str) -> None:
     arguments elsewhere, so overwriting it changes nothing but what /proc shows. Its bounds
     come from /proc/self/stat (fields 48 and 49, Linux 3.5 on).
     """
-    if _PRCTL is None:
+    if launch.PRCTL is None:
         return
     import ctypes
 
-    _PRCTL(_PR_SET_NAME, title.split()[0].encode()[:15], 0, 0, 0)
+    launch.PRCTL(_PR_SET_NAME, title.split()[0].encode()[:15], 0, 0, 0)
     start, size = _argv_area()
     if size < 2 or not start:
         return
@@ -474,25 +318,3 @@ def _argv_area() -> tuple[int, int]:
     return _ARGV_AREA
 
 
-def _load_prctl() -> Callable[..., int] | None:
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux: no parent-death signal
-        return None
-
-
-# Loaded here, in the wrapper, once: every guard forked from it needs them at once (importing
-# them in each guard cost milliseconds each).
-_PRCTL = _load_prctl()
-
-try:  # the descriptor limit, for a system without /proc (as subprocess.MAXFD)
-    _MAXFD = max(256, os.sysconf("SC_OPEN_MAX"))
-except (AttributeError, ValueError, OSError):
-    _MAXFD = 256
-
-
-def _set_parent_death_signal(sig: int) -> None:
-    if _PRCTL is not None:  # None: not Linux, no parent-death signal
-        _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)

@@ -34,6 +34,7 @@ from typing import Any
 
 from once.deadlines import lease_now
 from once.run import guard as _guard
+from once.run import launch
 from once.run.stops import FORWARDED
 
 # A new guard's time to say hello before its period falls back to a forked guard (a loaded
@@ -53,7 +54,7 @@ class Keeper:
     interpreter to start (a frozen application): every period then forks its own guard."""
 
     def __init__(self) -> None:
-        self.usable = (_guard._PRCTL is not None and bool(sys.executable)
+        self.usable = (launch.PRCTL is not None and bool(sys.executable)
                        and not getattr(sys, "frozen", False))
         self.pid = 0
         self.said_hello = False
@@ -209,13 +210,13 @@ def serve() -> None:
     signal.signal(signal.SIGUSR1, _guard._wrapper_died)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     ignored = {int(sig) for sig in FORWARDED if signal.getsignal(sig) == signal.SIG_IGN}
-    _guard.hold_stop_signals(ignored)
-    _guard._set_parent_death_signal(signal.SIGUSR1)
+    launch.hold_stop_signals(ignored)
+    launch.set_parent_death_signal(signal.SIGUSR1)
     if os.getppid() != wrapper:  # the wrapper died before the signal was armed
         _guard._wrapper_died(signal.SIGUSR1, None)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
-    assert _guard._PRCTL is not None
-    if _guard._PRCTL(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    assert launch.PRCTL is not None
+    if launch.PRCTL(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         return  # no way to see what a command leaves behind: no hello, no kept guard
     os.set_blocking(deadline, False)
     prepare()
@@ -235,14 +236,14 @@ def serve() -> None:
                 # before `started` tells the wrapper so.
                 os.killpg(0, signal.SIGKILL)
         _guard._retitle(title)
-        _guard.hold_stop_signals(ignored_now)
+        launch.hold_stop_signals(ignored_now)
         if tty:
             _guard.take_terminal(0, os.getpgrp())
         stdio = {target: fds[index] for target, index in targets}
         watch = None if lease_deadline is None else (deadline, lease_deadline, grace)
         _guard.run_one(command, env, stdio, report, watch, prepared=True,
-                       held=_guard.stop_held)
-        _guard.forget_held()  # the command's own from its start (they reach its group)
+                       held=launch.stop_held)
+        launch.forget_held()  # the command's own from its start (they reach its group)
         if _left_behind():
             return  # its end of file tells the wrapper: the next period gets a new guard
         os.write(report, b"ready\n")
@@ -256,13 +257,13 @@ def prepare() -> None:
     try:
         fds = [int(name) for name in os.listdir("/proc/self/fd")]
     except OSError:
-        fds = list(range(3, _guard._MAXFD))
+        fds = list(range(3, launch.MAXFD))
     for fd in fds:
         if fd > 2:
             with suppress(OSError):  # the listing's own descriptor, already closed
                 os.set_inheritable(fd, False)
-    for sig in _guard._RESTORED:
-        signal.signal(sig, _guard._ignore)
+    for sig in launch.RESTORED:
+        signal.signal(sig, launch.ignore)
 
 
 def _receive(channel: socket.socket) -> tuple[Any, list[int]] | None:

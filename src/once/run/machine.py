@@ -28,6 +28,7 @@ from typing import Any
 
 from once.frozen import Frozen
 from once.outcomes import Kind
+from once.run.stops import UNSIGNALED
 
 _KILL = int(signal.SIGKILL)
 _TERM = int(signal.SIGTERM)
@@ -274,6 +275,10 @@ def outcome(state: State, guard_status: int | None) -> tuple[Outcome, list[Actio
     """How the command ended, from the guard's report (a kept guard's `ready` aside); a
     StepDown when the guard stepped down at the deadline on its own."""
     lines = [line for line in state.report.decode().splitlines() if line != "ready"]
+    # The guard saw the command end before any stop signal reached its group: those forwarded
+    # were not the command's.
+    forwarded = None if UNSIGNALED in lines else state.forwarded
+    lines = [line for line in lines if line != UNSIGNALED]
     started = "started" in lines
     last = next((line for line in reversed(lines) if line != "started"), "")
     if not last:
@@ -290,7 +295,7 @@ def outcome(state: State, guard_status: int | None) -> tuple[Outcome, list[Actio
         return Outcome("exec-failed", code, message=os.strerror(number)), actions
     status = 128 + number if word == "signal" else number
     kind: Kind = why or ("signaled" if word == "signal" else "exited")
-    return Outcome(kind, status, state.forwarded), actions
+    return Outcome(kind, status, forwarded), actions
 
 
 def _guard_death(state: State, started: bool, status: int | None) -> Outcome:
