@@ -11,6 +11,7 @@ where things are: no sleeps. (A signal while the command is being started: test_
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,45 +39,49 @@ def _state(pid: int) -> str:
 _STOPS_ONCE = 'kill -STOP "$(cut -d" " -f4 /proc/$PPID/stat)"; exit 0'
 
 
-def test_a_stop_signal_after_the_command_ended_on_its_own_is_not_the_command_s(
-        env: dict[str, str], ledger_url: str) -> None:
-    # The guard reports the command's end and exits; then the signal comes to the stopped
-    # `once`, which hears both when it is continued.
-    stable_day()
-    once = start_once("run", "--job", "ending", *DAY, "--", "sh", "-c", _STOPS_ONCE, env=env)
+def _signalled_after_the_end(env: dict[str, str], reported: Callable[[int], bool],
+                             *args: str) -> tuple[int, str]:
+    """`once ARGS -- sh -c _STOPS_ONCE`, sent SIGTERM while stopped by its command, once
+    reported(its pid) says the guard has reported the command's end, then continued: it
+    hears both at once. Its status and stderr."""
+    once = start_once(*args, "--", "sh", "-c", _STOPS_ONCE, env=env)
     try:
         wait_for(lambda: _state(once.pid) == "T", what="once to be stopped by its command")
-        wait_for(lambda: [_state(pid) for pid in children(once.pid)] == ["Z"],
-                 what="the guard to end")
+        wait_for(lambda: reported(once.pid), what="the guard to report the command's end")
         once.send_signal(signal.SIGTERM)
         once.send_signal(signal.SIGCONT)
         _stdout, stderr = once.communicate(timeout=60)
     finally:
         reaped(once, 10)
+    return once.returncode, stderr
+
+
+def test_a_stop_signal_after_the_command_ended_on_its_own_is_not_the_command_s(
+        env: dict[str, str], ledger_url: str) -> None:
+    stable_day()
+    status, stderr = _signalled_after_the_end(  # the guard reports the end, and exits
+        env, lambda pid: [_state(guard) for guard in children(pid)] == ["Z"],
+        "run", "--job", "ending", *DAY)
     assert attempts(ledger_url, "ending") == [(day_key(0), 1, "done", 0)], stderr
-    assert once.returncode == -signal.SIGTERM, stderr  # it dies of it, the result written
+    assert status == -signal.SIGTERM, stderr  # it dies of it, the result written
     ran = Path(env["DIR"]) / "ran"
     again = run_once("run", "--job", "ending", *DAY, "--", "touch", str(ran), env=env)
     assert again.returncode == 0 and not ran.exists(), again.stderr  # done: not run again
 
 
+def _kept_guard_waits(pid: int) -> bool:
+    """The catch-up's kept guard has no command left and sleeps: it has reported the period's
+    end and waits for the next."""
+    [guard] = children(pid)
+    return not children(guard) and _state(guard) == "S"
+
+
 def test_a_catchup_whose_command_ended_before_the_signal_records_it_done(
         env: dict[str, str], ledger_url: str) -> None:
-    # The same at a catch-up's period (its kept guard waits for the next): done, and no
-    # period after it starts.
-    once = start_once("catchup", "--job", "ending", *DAY, "--since", "2026-10-01", "--until",
-                      "2026-10-03", "--", "sh", "-c", _STOPS_ONCE, env=env)
-    try:
-        wait_for(lambda: _state(once.pid) == "T", what="once to be stopped by its command")
-        [guard] = children(once.pid)
-        # No command left and asleep: it has reported the period's end and waits for the next.
-        wait_for(lambda: not children(guard) and _state(guard) == "S",
-                 what="the guard to report the command's end")
-        once.send_signal(signal.SIGTERM)
-        once.send_signal(signal.SIGCONT)
-        _stdout, stderr = once.communicate(timeout=60)
-    finally:
-        reaped(once, 10)
+    # The same at a catch-up's period: done, and no period after it starts.
+    status, stderr = _signalled_after_the_end(
+        env, _kept_guard_waits, "catchup", "--job", "ending", *DAY, "--since", "2026-10-01",
+        "--until", "2026-10-03")
     assert attempts(ledger_url, "ending") == [("2026-10-01", 1, "done", 0)], stderr
-    assert once.returncode == 143, stderr
+    assert status == 143, stderr
     assert "stopped by SIGTERM" in stderr.splitlines()[-1], stderr
