@@ -48,7 +48,7 @@ def forget_held() -> None:
 
 
 def stop_held() -> int:
-    """The first stop signal held, handled or pending (blocked: _start looks with them
+    """The first stop signal held, handled or pending (blocked: start looks with them
     blocked, so none comes between the look and the fork); 0 for none."""
     if _held:
         return _held[0]
@@ -65,7 +65,7 @@ def _pending_stops() -> set[int]:
 # Ignored by Python itself, not by whoever started once: the command gets them at default,
 # as subprocess's restore_signals gives them.
 RESTORED = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ")
-                  if hasattr(signal, name))
+                 if hasattr(signal, name))
 
 
 class StoppedBeforeStart(Exception):
