@@ -375,45 +375,6 @@ def test_a_stop_signal_while_the_guard_starts_the_command_keeps_it_from_starting
     assert not ran.exists()
 
 
-# once (wrapper.run, a forked guard) gets SIGTERM after its guard saw the command end and
-# before the guard reported it: the guard, held there by a hook on its reaping, sends it and
-# waits until the signal once forwarded to its group has reached it. Prints the outcome and
-# the signals passed on to the handler once had before.
-_SIGNAL_AFTER_THE_END = """
-import os, signal, sys, time
-from once.run import launch, wrapper
-once = os.getpid()
-passed_on = []
-signal.signal(signal.SIGTERM, lambda n, f: passed_on.append(n))
-real_waitpid = os.waitpid
-
-def waitpid(pid, options):
-    if os.getpid() != once and options == 0:  # the guard, the command seen to have ended
-        os.kill(once, signal.SIGTERM)
-        give_up = time.monotonic() + 30
-        while not launch._held:  # the guard's handler notes what reaches its group
-            if time.monotonic() > give_up:
-                os._exit(3)
-            time.sleep(0.001)
-    return real_waitpid(pid, options)
-
-os.waitpid = waitpid
-outcome = wrapper.run(["true"], dict(os.environ), None)
-print(outcome.kind, outcome.status, outcome.interrupted_by, passed_on)
-"""
-
-
-def test_a_stop_signal_the_guard_saw_come_after_the_command_s_end_is_not_the_command_s(
-        ) -> None:
-    # Forwarded before once had the guard's report: it reached no command (the guard saw the
-    # end first), so the command's 0 is a success, not an interruption (its period ran again:
-    # an outside attacker's finding), and the signal is once's own, for its handler.
-    result = subprocess.run([sys.executable, "-c", _SIGNAL_AFTER_THE_END],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == f"exited 0 None [{int(signal.SIGTERM)}]\n", result.stderr
-
-
 # -- a catch-up's kept guard (once.run.keeper) -------------------------------------------------
 
 MINUTES = ["--every", "minute", "--since", "2026-01-01T00:00", "--until", "2026-01-01T00:03"]

@@ -10,6 +10,7 @@ where things are: no sleeps. (A signal while the command is being started: test_
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -85,3 +86,55 @@ def test_a_catchup_whose_command_ended_before_the_signal_records_it_done(
     assert attempts(ledger_url, "ending") == [("2026-10-01", 1, "done", 0)], stderr
     assert status == 143, stderr
     assert "stopped by SIGTERM" in stderr.splitlines()[-1], stderr
+
+
+def _sleeps(pid: int) -> int:
+    """How many times pid's main thread has gone to sleep (its voluntary context switches)."""
+    status = Path(f"/proc/{pid}/task/{pid}/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines()
+                if line.startswith("voluntary_ctxt_switches:"))
+
+
+def _pending(pid: int, sig: signal.Signals) -> bool:
+    """Whether sig waits to be delivered to pid."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return any(int(line.split()[1], 16) >> (sig - 1) & 1 for line in status.splitlines()
+               if line.startswith(("SigPnd:", "ShdPnd:")))
+
+
+def _waits(pid: int) -> bool:
+    """Whether pid's main thread sleeps in poll (once's loop, the guard's watch)."""
+    return "poll" in Path(f"/proc/{pid}/wchan").read_text() and _state(pid) == "S"
+
+
+# Once its guard waits for it (its report of the start written), the command stops the guard
+# and exits.
+_STOPS_ITS_GUARD = 'until grep -q poll /proc/$PPID/wchan; do :; done; kill -STOP $PPID; exit 0'
+
+
+def test_a_stop_signal_after_the_command_exited_before_its_guard_said_so_is_not_the_command_s(
+        env: dict[str, str], ledger_url: str) -> None:
+    # once gets SIGTERM with the command gone but its end not reported. It was sent to the
+    # group and counted as the command's (recorded interrupted, run again); now the kernel is
+    # asked first, and it is once's own.
+    stable_day()
+    once = start_once("run", "--job", "gone", *DAY, "--", "sh", "-c", _STOPS_ITS_GUARD,
+                      env=env)
+    try:
+        guard = wait_for(lambda: next(iter(children(once.pid)), None), what="the guard")
+        wait_for(lambda: _state(guard) == "T" and [_state(pid) for pid in children(guard)]
+                 == ["Z"], what="the command to end, its guard stopped")
+        # Asleep with the report's pipe empty: it has read the guard's `started`.
+        wait_for(lambda: _waits(once.pid), what="once to wait")
+        asleep = _sleeps(once.pid)
+        once.send_signal(signal.SIGTERM)
+        # Handled (no longer pending), and once's main thread has slept again since: the turn
+        # of its loop that took the signal is over.
+        wait_for(lambda: not _pending(once.pid, signal.SIGTERM) and _sleeps(once.pid) > asleep
+                 and _waits(once.pid), what="once to take the signal")
+        os.kill(guard, signal.SIGCONT)
+        _stdout, stderr = once.communicate(timeout=60)
+    finally:
+        reaped(once, 10)
+    assert attempts(ledger_url, "gone") == [(day_key(0), 1, "done", 0)], stderr
+    assert once.returncode == -signal.SIGTERM, stderr

@@ -297,9 +297,9 @@ LAYERS = (
 RUN_LAYERS = (
     ("once.run.flow", "once.run.backfill", "once.run.lead"),
     ("once.run.wrapper", "once.run.guard", "once.run.launch", "once.run.keeper", "once.run.lease",
-     "once.run.relay", "once.run.child", "once.run.attempt", "once.run.notify", "once.run.skips"),
+     "once.run.relay", "once.run.child", "once.run.attempt", "once.run.notify", "once.run.skips",
+     "once.run.stops"),
     ("once.run.machine",),  # the wrapper's rules: pure, below its shell
-    ("once.run.stops",),  # the stop signals and their words, which machine reads too
 )
 
 

@@ -165,14 +165,19 @@ def test_a_signal_before_the_command_s_end_was_reported_is_the_command_s() -> No
     assert not run.outcome().succeeded
 
 
-def test_a_signal_the_guard_saw_come_after_the_command_s_end_is_not_the_command_s() -> None:
-    # Forwarded before the report came, but the guard saw the command end before any signal
-    # reached its group (once.run.guard's `unsignaled`): the command did not have it.
+def test_a_signal_that_finds_the_command_gone_is_not_the_command_s() -> None:
+    # The kernel says the command has exited (the shell asked), its report not yet here.
     run = Run()
     run.turn(Report(STARTED))
-    assert run.turn(Signal(TERM)) == [Kill(TERM)]
-    run.turn(Report(b"unsignaled\nexit 0\n"), EOF)
+    assert run.turn(Signal(TERM, gone=True)) == []
+    run.turn(Report(b"exit 0\n"), EOF)
     assert run.outcome() == machine.Outcome("exited", 0) and run.outcome().succeeded
+
+
+def test_a_signal_before_the_command_started_is_forwarded_whatever_the_kernel_says() -> None:
+    # No command yet (the guard has not started it): its absence is no end.
+    run = Run()
+    assert run.turn(Signal(TERM, gone=True)) == [Kill(TERM)]
 
 
 # -- --timeout ---------------------------------------------------------------------------------
@@ -362,8 +367,10 @@ def test_a_kept_guard_that_dies_between_its_lines_is_a_guard_death() -> None:
 
 @pytest.fixture
 def shell(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[Any]]]:
-    """killpg and waitpid recorded, not performed."""
+    """killpg and waitpid recorded, not performed; the guard's pid a fake one, whose command
+    the kernel cannot be asked about."""
     calls: dict[str, list[Any]] = {"killpg": [], "waitpid": []}
+    monkeypatch.setattr(wrapper._Supervisor, "_command_gone", lambda self: False)
     monkeypatch.setattr(os, "killpg", lambda pid, sig: calls["killpg"].append((pid, sig)))
 
     def waitpid(pid: int, options: int) -> tuple[int, int]:

@@ -21,16 +21,13 @@ Without prctl (not Linux) there are no parent-death signals at all.
 
 The guard reports to the wrapper through a pipe: `started` once COMMAND runs, then one line
 for how it ended (`exit N`, `signal N`, `exec ERRNO`; `lapsed ...` when the guard stepped
-down at the lease's deadline), with `unsignaled` before it when COMMAND ended before any stop
-signal reached its group (a wrapper of an earlier version reads the last line alone). A guard
-that dies without its last line was killed.
+down at the lease's deadline). A guard that dies without its last line was killed.
 """
 
 from __future__ import annotations
 
 import errno
 import gc
-import math
 import os
 import select
 import signal
@@ -39,7 +36,7 @@ from contextlib import suppress
 
 from once.deadlines import lease_now
 from once.run import launch
-from once.run.stops import FORWARDED, UNSIGNALED
+from once.run.stops import FORWARDED
 
 _PR_SET_NAME = 15
 
@@ -123,43 +120,30 @@ def run_one(command: list[str], env: dict[str, str], stdio: dict[int, int], repo
     (once.run.keeper.prepare), so the command's fork does not set them. held: the kept
     guard's, the stop signal that reached it before this command's fork (0: none), reported
     as a forked guard's command that died of it before its exec."""
-    signals_r, signals_w = os.pipe()
-    for fd in (signals_r, signals_w):
-        os.set_blocking(fd, False)
-    previous = signal.set_wakeup_fd(signals_w, warn_on_full_buffer=False)
     try:
-        try:
-            child = launch.start(command, env, stdio, os.getpid(), prepared, held)
-        except launch.StoppedBeforeStart as stop:
-            os.write(report, f"started\nsignal {stop.number}\n".encode())
-            return
-        except OSError as exc:
-            os.write(report, f"exec {exc.errno or errno.ENOEXEC}\n".encode())
-            return
-        finally:
-            for fd in set(stdio.values()):  # the command's alone: its end is the relay's EOF
-                os.close(fd)
-        os.write(report, b"started\n")
-        status, lapsed, unsignaled = _wait(child, watch, report, signals_r)
+        child = launch.start(command, env, stdio, os.getpid(), prepared, held)
+    except launch.StoppedBeforeStart as stop:
+        os.write(report, f"started\nsignal {stop.number}\n".encode())
+        return
+    except OSError as exc:
+        os.write(report, f"exec {exc.errno or errno.ENOEXEC}\n".encode())
+        return
     finally:
-        signal.set_wakeup_fd(previous)
-        os.close(signals_r)
-        os.close(signals_w)
-    # One write: `unsignaled` (the command ended before a stop signal reached its group: one
-    # the wrapper forwarded after that was not the command's) comes with the end or not at all.
-    how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
-           else f"exit {os.waitstatus_to_exitcode(status)}")
-    os.write(report, f"{UNSIGNALED}\n{how}\n".encode() if unsignaled and not lapsed
-             else f"{'lapsed ' if lapsed else ''}{how}\n".encode())
+        for fd in set(stdio.values()):  # the command's alone: its end is the relay's EOF
+            os.close(fd)
+    os.write(report, b"started\n")
+    status, lapsed = _wait(child, watch, report)
+    prefix = "lapsed " if lapsed else ""
+    if os.WIFSIGNALED(status):
+        os.write(report, f"{prefix}signal {os.WTERMSIG(status)}\n".encode())
+    else:
+        os.write(report, f"{prefix}exit {os.waitstatus_to_exitcode(status)}\n".encode())
     if lapsed:  # stepped down: nothing the command started may carry on
         os.killpg(0, signal.SIGKILL)
 
 
-def _wait(pid: int, watch: Watch | None, report: int,
-          signals: int) -> tuple[int, bool, bool]:
-    """The command's wait status, whether the lease's deadline passed while it ran, and
-    whether it ended before any signal reached this guard (`signals`: the wakeup descriptor,
-    a byte for each signal handled; see _watch).
+def _wait(pid: int, watch: Watch | None, report: int) -> tuple[int, bool]:
+    """The command's wait status, and whether the lease's deadline passed while it ran.
 
     With a watch the guard steps down on its own, as the wrapper does: SIGTERM to the group
     (the guard ignores it) the grace before the deadline, SIGKILL at the deadline. A wrapper
@@ -167,34 +151,28 @@ def _wait(pid: int, watch: Watch | None, report: int,
     before a takeover can start.
     """
     try:
-        pidfd = os.pidfd_open(pid)
+        pidfd = os.pidfd_open(pid) if watch is not None else -1
     except OSError:  # no pidfd (Linux before 5.3): the wrapper alone watches the deadline
-        return os.waitpid(pid, 0)[1], False, False
+        pidfd = -1
+    if watch is None or pidfd < 0:
+        return os.waitpid(pid, 0)[1], False
     try:
-        return _watch(pid, pidfd, watch or (-1, math.inf, 0.0), report, signals)
+        return _watch(pid, pidfd, watch, report)
     finally:
         os.close(pidfd)  # a kept guard waits for thousands of commands
 
 
-def _watch(pid: int, pidfd: int, watch: Watch, report: int,
-           signals: int) -> tuple[int, bool, bool]:
-    """_wait's loop: the command's end, the renewed deadlines, the step-down.
-
-    Which came first, the command's end or a stop signal to its group: a signal pending when
-    a wait returns is handled before the wait's caller runs on (its handler writes a byte to
-    `signals`), so a wait that saw the end with no byte there saw it before any signal came.
-    Both seen in one wait: the signal counts as the command's (it may have had it)."""
+def _watch(pid: int, pidfd: int, watch: Watch, report: int) -> tuple[int, bool]:
+    """_wait's loop: the command's end, the renewed deadlines, the step-down."""
     fd, deadline, grace = watch
     stopping = False
     pending = b""
-    heard = False
     while True:
-        watched = [pidfd, signals, fd] if fd >= 0 else [pidfd, signals]
+        watched = [pidfd, fd] if fd >= 0 else [pidfd]
         pause = min(MAX_SLEEP, max(0.0, wake_at(deadline, grace, stopping) - lease_now()))
         readable = ready(watched, pause)
-        heard = _drained(signals) or heard
         if pidfd in readable:
-            return os.waitpid(pid, 0)[1], stopping, not heard
+            return os.waitpid(pid, 0)[1], stopping
         if fd in readable:
             # A whole pipe's worth (Linux's 64 KiB): a guard that was stopped judges the
             # deadline by every renewal made meanwhile, not by the first 4 KiB of them.
@@ -211,15 +189,6 @@ def _watch(pid: int, pidfd: int, watch: Watch, report: int,
         elif sig == signal.SIGTERM:
             os.killpg(0, signal.SIGTERM)
             stopping = True
-
-
-def _drained(fd: int) -> bool:
-    """Whether the non-blocking pipe fd held anything; emptied."""
-    found = False
-    with suppress(BlockingIOError):
-        while os.read(fd, 512):
-            found = True
-    return found
 
 
 # The watch's rules, pure (tests/unit/test_guard_rules.py).

@@ -28,7 +28,6 @@ from typing import Any
 
 from once.frozen import Frozen
 from once.outcomes import Kind
-from once.run.stops import UNSIGNALED
 
 _KILL = int(signal.SIGKILL)
 _TERM = int(signal.SIGTERM)
@@ -69,12 +68,14 @@ class Report(Frozen):
 
 
 class Signal(Frozen):
-    """A signal once received (SIGTERM, SIGINT, SIGHUP): forwarded to the group."""
+    """A signal once received (SIGTERM, SIGINT, SIGHUP): forwarded to the group. gone: the
+    kernel said the command had exited when once came to it (its report not yet read)."""
 
     number: int
+    gone: bool
 
-    def __init__(self, number: int) -> None:
-        self._set(number=int(number))
+    def __init__(self, number: int, gone: bool = False) -> None:
+        self._set(number=int(number), gone=gone)
 
 
 Event = Report | Signal
@@ -159,6 +160,11 @@ class State(Frozen):
         return self.phase is Phase.KILLED
 
     @property
+    def started(self) -> bool:
+        """The guard reported the command on its way (its exec done)."""
+        return b"started" in self.report.splitlines()
+
+    @property
     def ended(self) -> bool:
         """The guard reported the command's end (a line other than `started`): not undone by
         a timer that fires with it."""
@@ -192,7 +198,7 @@ def step(state: State, now: float, lease: Terms | None,
     for event in events:
         # One that comes once the command's end is known never reached it (it is sent now):
         # not the command's, it is once's own (the shell passes it on, run()).
-        if isinstance(event, Signal) and not state.ended:
+        if isinstance(event, Signal) and not state.ended and not (event.gone and state.started):
             state = _stop(state.but(forwarded=event.number), event.number, now, actions)
     state = _timers(state, now, lease, actions)
     if gone or state.ready:
@@ -275,10 +281,6 @@ def outcome(state: State, guard_status: int | None) -> tuple[Outcome, list[Actio
     """How the command ended, from the guard's report (a kept guard's `ready` aside); a
     StepDown when the guard stepped down at the deadline on its own."""
     lines = [line for line in state.report.decode().splitlines() if line != "ready"]
-    # The guard saw the command end before any stop signal reached its group: those forwarded
-    # were not the command's.
-    forwarded = None if UNSIGNALED in lines else state.forwarded
-    lines = [line for line in lines if line != UNSIGNALED]
     started = "started" in lines
     last = next((line for line in reversed(lines) if line != "started"), "")
     if not last:
@@ -295,7 +297,7 @@ def outcome(state: State, guard_status: int | None) -> tuple[Outcome, list[Actio
         return Outcome("exec-failed", code, message=os.strerror(number)), actions
     status = 128 + number if word == "signal" else number
     kind: Kind = why or ("signaled" if word == "signal" else "exited")
-    return Outcome(kind, status, forwarded), actions
+    return Outcome(kind, status, state.forwarded), actions
 
 
 def _guard_death(state: State, started: bool, status: int | None) -> Outcome:

@@ -30,11 +30,6 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Outcome.message of a command that a stop signal kept from starting (Stop).
 NOT_STARTED = "not started"
 
-# The guard's report line, before the command's end, when the command ended before any stop
-# signal reached its group (once.run.guard.run_one): one the wrapper forwarded after that was
-# not the command's (once.run.machine.outcome).
-UNSIGNALED = "unsignaled"
-
 
 class Stop:
     """The first stop signal (SIGTERM, SIGINT, SIGHUP) that a run got: no command starts
