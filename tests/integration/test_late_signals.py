@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
 
 from child_log import DAY, day_key, stable_day
-from helpers import run_once, wait_for
+from helpers import ONCE, run_once, wait_for
 from ledger_sql import placeholders, query
-from procs import children, reaped, start_once, stat
+from procs import alive, children, reaped, start_once, stat
 
 pytestmark = pytest.mark.usefixtures("ledger_url")
 
@@ -138,3 +140,63 @@ def test_a_stop_signal_after_the_command_exited_before_its_guard_said_so_is_not_
         reaped(once, 10)
     assert attempts(ledger_url, "gone") == [(day_key(0), 1, "done", 0)], stderr
     assert once.returncode == -signal.SIGTERM, stderr
+
+
+def test_what_a_command_left_in_its_group_gets_a_stop_signal_after_the_command_s_end(
+        env: dict[str, str], ledger_url: str) -> None:
+    # The signal is once's own (the command has exited), but a worker the command left in its
+    # group is stopped by it, as it was when it counted as the command's (an outside
+    # attacker's finding: the worker ran on after once had died of the signal).
+    stable_day()
+    worker = Path(env["DIR"]) / "worker"
+    leaves = f'sleep 600 & echo $! > {worker}; {_STOPS_ITS_GUARD}'
+    once = start_once("run", "--job", "leaves", *DAY, "--", "sh", "-c", leaves, env=env)
+    try:
+        guard = wait_for(lambda: next(iter(children(once.pid)), None), what="the guard")
+        wait_for(lambda: _state(guard) == "T" and _waits(once.pid) and any(
+            _state(pid) == "Z" for pid in children(guard)), what="the command to end")
+        once.send_signal(signal.SIGTERM)
+        once.send_signal(signal.SIGCONT)
+        os.kill(guard, signal.SIGCONT)
+        _stdout, stderr = once.communicate(timeout=60)
+        left = int(worker.read_text())
+        assert not alive(left), "the worker the command left runs on"
+    finally:
+        reaped(once, 10)
+        with suppress(ProcessLookupError, ValueError, FileNotFoundError):
+            os.kill(int(worker.read_text()), signal.SIGKILL)
+    assert attempts(ledger_url, "leaves") == [(day_key(0), 1, "done", 0)], stderr
+    assert once.returncode == -signal.SIGTERM, stderr
+
+
+def test_a_stop_signal_reaches_the_command_in_a_pid_namespace_that_shows_another_s_proc(
+        env: dict[str, str], ledger_url: str) -> None:
+    # `unshare --pid` without a /proc of its own: once's pids are not those /proc lists, and
+    # the guard's pid named another process there, with no children: the command was taken
+    # for gone, and the signal never sent (an outside attacker's finding: it ran to its end,
+    # recorded done). Now once, seeing /proc is not its namespace's, forwards it.
+    stable_day()
+    started = Path(env["DIR"]) / "started"
+    # root needs no user namespace (and one would lose the right to the embedded server's
+    # socket, which another user owns); another user needs one to make a PID namespace.
+    unshare = ["unshare", "--pid", "--fork"] + (
+        [] if os.geteuid() == 0 else ["--user", "--map-root-user"])
+    try:
+        subprocess.run([*unshare, "true"], check=True, capture_output=True, timeout=30)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"no PID namespace for this user here: {exc}")
+    outer = subprocess.Popen(
+        [*unshare, ONCE, "run", "--job", "namespaced", *DAY, "--", "sh", "-c",
+         f"touch {started}; exec sleep 600"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: started.exists() or outer.poll() is not None,
+                 what="the command to start")
+        assert outer.poll() is None, outer.communicate()[1]
+        [once] = children(outer.pid)
+        os.kill(once, signal.SIGTERM)
+        _stdout, stderr = outer.communicate(timeout=60)
+    finally:
+        reaped(outer, 10)
+    assert attempts(ledger_url, "namespaced") == [(day_key(0), 1, "interrupted", 143)], stderr
+    assert outer.returncode == 143, stderr

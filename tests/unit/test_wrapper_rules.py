@@ -142,14 +142,15 @@ def test_a_signal_after_the_command_s_end_is_not_the_command_s(same_turn: bool) 
     # It reached no command (the end was reported: it is sent now, if at all): a command that
     # exited 0 on its own succeeded, and its period is done, not interrupted and run again
     # (an outside attacker's finding: 9 in 250 signals at a command's end).
+    # What it left in its group gets the signal, and is killed with the group at the end.
     run = Run()
     run.turn(Report(STARTED))
     if same_turn:
-        assert run.turn(Signal(TERM), Report(b"exit 0\n")) == []
+        assert run.turn(Signal(TERM), Report(b"exit 0\n")) == [Kill(TERM)]
     else:
         assert run.turn(Report(b"exit 0\n")) == []
-        assert run.turn(Signal(TERM)) == []
-    assert run.turn(EOF) == [Reap()]  # nothing killed: the command ended on its own
+        assert run.turn(Signal(TERM)) == [Kill(TERM)]
+    assert run.turn(EOF) == [Kill(KILL), Reap()]
     assert run.state.forwarded is None and run.outcome().succeeded
 
 
@@ -169,8 +170,8 @@ def test_a_signal_that_finds_the_command_gone_is_not_the_command_s() -> None:
     # The kernel says the command has exited (the shell asked), its report not yet here.
     run = Run()
     run.turn(Report(STARTED))
-    assert run.turn(Signal(TERM, gone=True)) == []
-    run.turn(Report(b"exit 0\n"), EOF)
+    assert run.turn(Signal(TERM, gone=True)) == [Kill(TERM)]  # for what it left in its group
+    assert run.turn(Report(b"exit 0\n"), EOF) == [Kill(KILL), Reap()]
     assert run.outcome() == machine.Outcome("exited", 0) and run.outcome().succeeded
 
 
@@ -370,7 +371,7 @@ def shell(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[Any]]]:
     """killpg and waitpid recorded, not performed; the guard's pid a fake one, whose command
     the kernel cannot be asked about."""
     calls: dict[str, list[Any]] = {"killpg": [], "waitpid": []}
-    monkeypatch.setattr(wrapper._Supervisor, "_command_gone", lambda self: False)
+    monkeypatch.setattr(wrapper._guard, "command_gone", lambda guard: False)
     monkeypatch.setattr(os, "killpg", lambda pid, sig: calls["killpg"].append((pid, sig)))
 
     def waitpid(pid: int, options: int) -> tuple[int, int]:
@@ -430,7 +431,7 @@ def test_the_shell_looks_for_the_command_s_end_before_it_forwards_a_signal(
     outcome = supervisor.wait(4242, report)
     os.close(report)
     assert looks[1] == 0  # the look before the signal is forwarded
-    assert shell["killpg"] == []
+    assert shell["killpg"] == [(4242, TERM), (4242, KILL)]  # for what the command left
     assert outcome == machine.Outcome("exited", 0) and outcome.succeeded
 
 

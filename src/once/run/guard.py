@@ -191,6 +191,59 @@ def _watch(pid: int, pidfd: int, watch: Watch, report: int) -> tuple[int, bool]:
             stopping = True
 
 
+def command_gone(guard: int) -> bool:
+    """The wrapper's look: whether the command has exited, or is exiting, as the kernel says,
+    before the guard's report of it is here (a signal then is not the command's). The guard,
+    its parent, has no child left that lives: each is looked at through a pidfd (readable:
+    every thread of it has exited), else in /proc (a single thread that has begun to exit
+    runs no code of its own again). False where that cannot be told: a /proc of another
+    PID namespace (a container's without its own: its pids are not ours, and the guard's
+    would name another process, an outside attacker's finding), no list of children."""
+    try:
+        if os.readlink("/proc/self") != str(os.getpid()) or _parent(guard) != os.getpid():
+            return False
+        with open(f"/proc/{guard}/task/{guard}/children", "rb") as listing:
+            children = [int(pid) for pid in listing.read().split()]
+    except (OSError, ValueError):
+        return False
+    for pid in children:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue  # reaped since the listing
+        except OSError:
+            return False
+        try:
+            if not ready([pidfd], 0) and not _exiting(pid):
+                return False
+        finally:
+            os.close(pidfd)
+    return True
+
+
+_PF_EXITING = 0x4  # the kernel's task flag: do_exit has begun
+
+
+def _stat(pid: int) -> list[bytes]:
+    """/proc's stat of pid, the fields after its name (the third field first)."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        return stat.read().rpartition(b")")[2].split()
+
+
+def _parent(pid: int) -> int:
+    return int(_stat(pid)[1])
+
+
+def _exiting(pid: int) -> bool:
+    """Whether pid is a process of one thread that has begun to exit (its flags, field 9,
+    and its number of threads, field 20)."""
+    try:
+        fields = _stat(pid)
+        return bool(int(fields[6]) & _PF_EXITING) and int(fields[17]) == 1
+    except (OSError, IndexError, ValueError):
+        return False
+
+
 # The watch's rules, pure (tests/unit/test_guard_rules.py).
 
 

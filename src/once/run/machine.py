@@ -142,14 +142,17 @@ class State(Frozen):
     beating: bool  # the heartbeat was started
     killed_first: bool  # SIGKILL went to the group before the guard's report was complete
     kept: bool  # GONE, the kept guard waiting for the next period
+    stopped_late: bool  # a stop signal went to the group after the command had ended
 
     def __init__(self, phase: Phase, grace: float, kept_guard: bool, timeout_at: float | None,
                  kill_at: float | None = None, stopped_at: float | None = None,
                  why: Kind | None = None, forwarded: int | None = None, report: bytes = b"",
-                 beating: bool = False, killed_first: bool = False, kept: bool = False) -> None:
+                 beating: bool = False, killed_first: bool = False, kept: bool = False,
+                 stopped_late: bool = False) -> None:
         self._set(phase=phase, grace=grace, kept_guard=kept_guard, timeout_at=timeout_at,
                   kill_at=kill_at, stopped_at=stopped_at, why=why, forwarded=forwarded,
-                  report=report, beating=beating, killed_first=killed_first, kept=kept)
+                  report=report, beating=beating, killed_first=killed_first, kept=kept,
+                  stopped_late=stopped_late)
 
     def but(self, **changes: Any) -> State:
         """A copy with `changes`."""
@@ -196,9 +199,15 @@ def step(state: State, now: float, lease: Terms | None,
             gone = gone or not event.data
             state = state.but(report=state.report + event.data, killed_first=state.killed)
     for event in events:
-        # One that comes once the command's end is known never reached it (it is sent now):
-        # not the command's, it is once's own (the shell passes it on, run()).
-        if isinstance(event, Signal) and not state.ended and not (event.gone and state.started):
+        if not isinstance(event, Signal):
+            continue
+        if state.ended or (event.gone and state.started):
+            # The command's end is known (reported, or the kernel said it has exited): the
+            # signal never reached it and is once's own (the shell passes it on, run()). What
+            # the command left in its group gets it, and is killed with the group at the end.
+            actions.append(Kill(event.number))
+            state = state.but(stopped_late=True)
+        else:
             state = _stop(state.but(forwarded=event.number), event.number, now, actions)
     state = _timers(state, now, lease, actions)
     if gone or state.ready:
@@ -260,7 +269,7 @@ def _conclude(state: State, actions: list[Action]) -> State:
     """The guard's report is complete: the guard is gone, or a kept guard waits."""
     ready = state.ready
     if (not state.ended or state.why is not None or state.forwarded is not None
-            or b"lapsed " in state.report or (ready and state.killed)):
+            or state.stopped_late or b"lapsed " in state.report or (ready and state.killed)):
         # The guard died before the command's end (killed: the command got its parent-death
         # signal), or we were stopping the command and it has ended: nothing it started may
         # carry on (a shell's child that ignores SIGTERM, say). A SIGKILL cannot be caught:

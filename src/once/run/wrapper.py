@@ -324,37 +324,12 @@ class _Supervisor:
             # Before a signal goes to the command: has it exited? Asked of the kernel, then
             # of the report (which the guard writes before it goes: a guard gone since the
             # kernel was asked has left it there). Then it is once's own (machine.step).
-            gone = bool(signals) and self._command_gone()
+            gone = bool(signals) and _guard.command_gone(self.guard)
             if signals and _guard.ready([self.report], 0):
                 events.append(machine.Report(os.read(self.report, 512)))
             events += (machine.Signal(number, gone) for number in signals)
             self.state, actions = machine.step(self.state, lease_now(), self._terms(), *events)
             self._perform(actions)
-
-    def _command_gone(self) -> bool:
-        """Whether the command has exited, or is exiting, as the kernel says, before the
-        guard's report of it is here (a signal then is not the command's: it is not sent).
-        The guard, its parent, has no child left that lives: each is looked at through a
-        pidfd (readable: every thread of it has exited), else in /proc (a single thread that
-        has begun to exit runs no code of its own again). False where that cannot be told."""
-        try:
-            with open(f"/proc/{self.guard}/task/{self.guard}/children", "rb") as listing:
-                children = [int(pid) for pid in listing.read().split()]
-        except (OSError, ValueError):
-            return False
-        for pid in children:
-            try:
-                pidfd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                continue  # reaped since the listing
-            except OSError:
-                return False
-            try:
-                if not _guard.ready([pidfd], 0) and not _exiting(pid):
-                    return False
-            finally:
-                os.close(pidfd)
-        return True
 
     def _overran(self, seconds: float) -> None:
         """Keep the longest overrun since the last renewal went out: the guard's own step-down
@@ -467,20 +442,6 @@ class _Supervisor:
                 return
             if pid == self.guard:
                 self.guard_status = status
-
-_PF_EXITING = 0x4  # the kernel's task flag: do_exit has begun
-
-
-def _exiting(pid: int) -> bool:
-    """Whether pid is a process of one thread that has begun to exit (/proc's stat: its
-    flags, field 9, and its number of threads, field 20)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rpartition(b")")[2].split()
-        return bool(int(fields[6]) & _PF_EXITING) and int(fields[17]) == 1
-    except (OSError, IndexError, ValueError):
-        return False
-
 
 def _deadline_pipe() -> tuple[int, int]:
     pipe = os.pipe()
