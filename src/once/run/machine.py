@@ -8,8 +8,8 @@ events and performs its actions). No I/O here: no clock, no process, no ledger.
     any of them ──(the guard's report complete: its end of file, a kept guard's `ready`)──> GONE
 
 A turn of the wrapper's loop is one step: the guard's report lines and end of file first, then
-the signals once received (each forwarded to the command's group, unless the report has told
-the command's end: then it is not the command's), then the timers: the first
+the signals once received (each forwarded to the command's group; once the command's end is
+known, from the report or the kernel, it is no longer the command's), then the timers: the first
 renewal due (the heartbeat starts), the step-down's SIGTERM --kill-after before the lease's
 deadline (or once the row is found taken), --timeout's SIGTERM, the SIGKILL --kill-after after
 a SIGTERM or at the deadline. Once the report is complete the command's group is killed if the
