@@ -117,9 +117,9 @@ def run_one(command: list[str], env: dict[str, str], stdio: dict[int, int], repo
     """Start the command, report `started`, wait for it (stepping down at the deadline),
     report how it ended; the guard's part for one command (once.run.keeper runs many).
     prepared: the guard's descriptors and signals are already what exec should find
-    (once.run.keeper.prepare), so the command's fork does not set them. held: the kept
-    guard's, the stop signal that reached it before this command's fork (0: none), reported
-    as a forked guard's command that died of it before its exec."""
+    (once.run.keeper.prepare), so the command's fork does not set them. held: the stop signal
+    that reached the guard before this command's fork (0: none; launch.stop_held): the
+    command does not start, reported as one that died of it before its exec."""
     try:
         child = launch.start(command, env, stdio, os.getpid(), prepared, held)
     except launch.StoppedBeforeStart as stop:
