@@ -224,8 +224,8 @@ def command_gone(guard: int) -> bool:
 _PF_EXITING = 0x4  # the kernel's task flag: do_exit has begun
 
 
-def _stat(pid: int) -> list[bytes]:
-    """/proc's stat of pid, the fields after its name (the third field first)."""
+def _stat(pid: int | str) -> list[bytes]:
+    """/proc's stat of pid ("self" too), the fields after its name (the third field first)."""
     with open(f"/proc/{pid}/stat", "rb") as stat:
         return stat.read().rpartition(b")")[2].split()
 
@@ -331,8 +331,7 @@ def _argv_area() -> tuple[int, int]:
     global _ARGV_AREA
     if _ARGV_AREA is None:
         try:
-            with open("/proc/self/stat", "rb") as stat:
-                fields = stat.read().rpartition(b")")[2].split()
+            fields = _stat("self")
             start, end = int(fields[45]), int(fields[46])
         except (OSError, IndexError, ValueError):
             start = end = 0
