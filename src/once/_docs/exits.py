@@ -142,5 +142,7 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
 
 EXIT_STATUS_NOTE = """\
 Every non-zero status that is not the command's own is explained in one line on standard
-error that starts with `once:`.
+error that starts with `once:`. A SIGINT (Ctrl-C) that comes where a command above does not
+say what one does (while `once` starts and reads its options, or while a report reads the
+ledger) ends `once` with 130: `once: interrupted`.
 """

@@ -36,6 +36,10 @@ from once.cli.options import (
 from once.limits import InputError
 from once.periods import SpecError
 
+# 128 + SIGINT: a Ctrl-C that no command took as a stop of its own (once.cli answers one
+# that comes outside click's handling of it alike).
+INTERRUPTED = 130
+
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "ONCE",
            "max_content_width": 100}
 
@@ -180,8 +184,8 @@ def _status(argv: Sequence[str] | None) -> object:
     try:
         status = cli.main(args=list(argv) if argv is not None else None, prog_name="once",
                           standalone_mode=False)
-    except click.exceptions.Abort:
-        status = 130
+    except click.exceptions.Abort:  # a KeyboardInterrupt (SIGINT) nothing took as a stop
+        status = _fail("interrupted", INTERRUPTED)
     except click.UsageError as exc:
         status = _fail(exc.format_message(), 2)
     except click.ClickException as exc:
