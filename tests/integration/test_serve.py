@@ -393,6 +393,11 @@ def test_trickling_clients_are_cut_off_and_cannot_hold_the_others_back(
 
     once(once_env, "run", "--job", "j", "--every", "day", "--", "true")
     server = serve_process(env=once_env)
+    # Both answered once before the tricklers come: what is timed below is their hold on the
+    # others, not a cold process's first read (imports, the pool's first connection), which
+    # took more than 10 s beside a whole CI's load.
+    for path in ("/healthz", "/metrics"):
+        assert server.get(path, timeout=60).status == 200
     tricklers = []
     for _ in range(MAX_CLIENTS + 8):  # more than the requests it serves at once
         sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)

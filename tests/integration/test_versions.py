@@ -55,6 +55,11 @@ if TYPE_CHECKING:
     from conftest import Server
 
 SHORT = ["--stale-after", "1s", "--", *RUNNER]  # a caller that promises a second
+# A caller that takes a dead owner's run over and runs the command: its own promise far short
+# of the dead owner's (PROMISE, below) and of the minute the test leaves before it, yet long
+# enough for its first renewal on a loaded machine (a second was not, beside a whole CI: exit
+# 70, "its deadline passed before this process could renew").
+TAKING = ["--stale-after", "20s", "--", *RUNNER]
 # Seconds: the promise of the older owner whose renewals are watched (it renews every 4 s;
 # schema 2, whose renewals are cut short by a deadline of a third of it, missed them with 3 s
 # on a loaded two-core machine).
@@ -383,12 +388,12 @@ PROMISE = 3600
 
 def _fire_at_the_dead(ledgers: dict[int, Ledger],
                       who: str) -> dict[int, dict[str, tuple[int, str, str]]]:
-    """On every ledger at once, each promising 1 s: the current once at the older owner's
-    job (`old-dead`) and at the current owner's (`new-dead`); or the older once at
+    """On every ledger at once, each promising 20 s (TAKING): the current once at the older
+    owner's job (`old-dead`) and at the current owner's (`new-dead`); or the older once at
     `new-dead`."""
-    fires = {schema: {f"new at {job}": ledger.new("run", "--job", job, *DAY, *SHORT)
+    fires = {schema: {f"new at {job}": ledger.new("run", "--job", job, *DAY, *TAKING)
                       for job in ("old-dead", "new-dead")} if who == "new" else
-             {"old at new-dead": ledger.old("run", "--job", "new-dead", *DAY, *SHORT)}
+             {"old at new-dead": ledger.old("run", "--job", "new-dead", *DAY, *TAKING)}
              for schema, ledger in ledgers.items()}
     return {schema: dict(zip(procs, finish(*procs.values()), strict=True))
             for schema, procs in fires.items()}
