@@ -176,8 +176,10 @@ SCOPE = os.environ.get("ONCE_TEST_SCOPE", "all")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep pgbouncer's tests to PGBOUNCER_MODULES (see the module's docstring), and a
-    session of ONCE_TEST_SCOPE=backends to the tests of its backends."""
+    """Keep pgbouncer's tests to PGBOUNCER_MODULES (see the module's docstring), a test of a
+    backend to the sessions that name it (one of SQLite's alone, parametrized by hand, ran in
+    every CI session, four times), and a session of ONCE_TEST_SCOPE=backends to the tests of
+    its backends."""
     if SCOPE not in SCOPES:
         raise pytest.UsageError(f"ONCE_TEST_SCOPE={SCOPE!r}: expected one of {SCOPES}")
 
@@ -185,6 +187,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         callspec = getattr(item, "callspec", None)
         backend = callspec.params.get("backend") if callspec is not None else None
         if SCOPE == "backends" and backend is None and "galera" not in item.fixturenames:
+            return True
+        if backend is not None and backend not in BACKENDS:
             return True
         return backend == "pgbouncer" and item.path.name not in PGBOUNCER_MODULES
 

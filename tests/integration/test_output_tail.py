@@ -479,7 +479,12 @@ LAST_WORDS = ("i=1; while [ $i -le 2000 ]; do echo line-$i; i=$((i+1)); done; "
 
 @contextmanager
 def cpu_load(spinners: int = 3) -> Iterator[None]:
-    """Processes that keep the cores busy (the machine's other work) until the block ends."""
+    """Processes that keep the cores busy (the machine's other work) until the block ends;
+    none where the machine's other work keeps them busy already (a load average of a task a
+    core or more: a whole CI, where three more only slowed every test beside this one, four
+    times over, one per backend, for two minutes each)."""
+    if os.getloadavg()[0] >= (os.cpu_count() or 1):
+        spinners = 0
     procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(spinners)]
     try:
         yield
