@@ -259,8 +259,9 @@ def run_hook(command: str, env: Mapping[str, str], option: str = "hook",
              log: Log | None = None) -> int | None:
     """Run a hook through /bin/sh with the run's environment; report, never raise.
 
-    The hook leads a process group of its own: at the time limit the whole group is killed,
-    so that nothing it started keeps running (and keeps once's stdout and stderr open).
+    The hook leads a process group of its own: at the time limit, or when a stop signal ends
+    once meanwhile, the whole group is killed, so that nothing it started keeps running (and
+    keeps once's stdout and stderr open).
     Messages name the option, not the command, which may hold secrets of its own.
     """
     import signal
@@ -268,28 +269,75 @@ def run_hook(command: str, env: Mapping[str, str], option: str = "hook",
 
     log = log or _plain
     limit = hook_timeout()
-    try:
-        proc = subprocess.Popen([SHELL, "-c", command], env=dict(env),
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    except (OSError, ValueError) as exc:
-        log(f"{option} hook could not start: {getattr(exc, 'strerror', None) or exc}",
-            "hook-failed")
-        return None
-    try:
-        code = proc.wait(timeout=limit)
-    except BaseException as exc:  # the limit, or once itself interrupted: end the group
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        if not isinstance(exc, subprocess.TimeoutExpired):
-            raise
-        log(f"{option} hook timed out after {limit:g}s and was killed, with every process "
-            f"it started", "hook-failed")
-        return None
+    with _stops_raised() as arm:
+        try:
+            proc = subprocess.Popen([SHELL, "-c", command], env=dict(env),
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        except (OSError, ValueError) as exc:
+            log(f"{option} hook could not start: {getattr(exc, 'strerror', None) or exc}",
+                "hook-failed")
+            return None
+        try:
+            arm()
+            code = proc.wait(timeout=limit)
+        except BaseException as exc:  # the limit, or once itself stopped: end the group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            if not isinstance(exc, subprocess.TimeoutExpired):
+                raise
+            log(f"{option} hook timed out after {limit:g}s and was killed, with every "
+                f"process it started", "hook-failed")
+            return None
     if code != 0:
         how = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
         log(f"{option} hook {how}", "hook-failed")
     return code
+
+
+class _Stopped(Exception):
+    """A SIGTERM or SIGHUP reached once while a hook ran."""
+
+
+@contextlib.contextmanager
+def _stops_raised() -> Iterator[Callable[[], None]]:
+    """While a hook runs, a SIGTERM or SIGHUP that would end once where it is (its handler
+    the default: once's own have been given back by then) ends the hook's group first: the
+    hook, in a session of its own, outlived once and kept its stderr open (cron waited).
+    Yields `arm`, called once the hook has started: from then on the signal raises _Stopped
+    (one that came while it started raises at `arm`), and the caller kills the group; once
+    then dies of the signal at its default, as it would have at once. SIGINT raises
+    KeyboardInterrupt already; a handler of someone else's (the Python API's caller, a
+    catch-up that holds its stops) is left alone, and so is a thread not the main one."""
+    import signal
+
+    stopped: list[int] = []
+    armed = [False]
+
+    def stop(number: int, _frame: object) -> None:
+        stopped.append(number)
+        if armed[0]:
+            raise _Stopped
+
+    def arm() -> None:
+        armed[0] = True
+        if stopped:
+            raise _Stopped
+
+    main = threading.current_thread() is threading.main_thread()
+    ours = [n for n in (signal.SIGTERM, signal.SIGHUP)
+            if main and signal.getsignal(n) == signal.SIG_DFL]
+    for number in ours:
+        signal.signal(number, stop)
+    try:
+        yield arm
+    except _Stopped:
+        pass
+    finally:
+        for number in ours:
+            signal.signal(number, signal.SIG_DFL)
+    if stopped:
+        signal.raise_signal(stopped[0])
 
 
 def hook_timeout() -> float:
