@@ -200,3 +200,31 @@ def test_a_stop_signal_reaches_the_command_in_a_pid_namespace_that_shows_another
         reaped(outer, 10)
     assert attempts(ledger_url, "namespaced") == [(day_key(0), 1, "interrupted", 143)], stderr
     assert outer.returncode == 143, stderr
+
+
+def test_a_stop_signal_while_a_worker_holds_the_output_stops_the_worker(
+        env: dict[str, str], ledger_url: str) -> None:
+    # The command exits 0 and leaves a worker in its group with its stdout: once has heard of
+    # the end, its guard is gone, and it delivers the output the worker may still write. A
+    # SIGTERM then is once's own (done is recorded), and the worker gets it, then SIGKILL (an
+    # outside attacker's finding: it ran on after once had died of the signal, 10 in 10).
+    stable_day()
+    worker = Path(env["DIR"]) / "worker"
+    leaves = f'sleep 600 & echo "$$ $!" > {worker}.tmp; mv {worker}.tmp {worker}; exit 0'
+    once = start_once("run", "--job", "drains", *DAY, "--", "sh", "-c", leaves, env=env)
+    left = None
+    try:
+        wait_for(worker.exists, what="the command to leave its worker")
+        shell, left = (int(pid) for pid in worker.read_text().split())
+        wait_for(lambda: not alive(shell) and not children(once.pid),
+                 what="the command and its guard to be gone")
+        once.send_signal(signal.SIGTERM)
+        _stdout, stderr = once.communicate(timeout=60)
+        wait_for(lambda: not alive(left), timeout=10, what="the worker to be stopped")
+    finally:
+        reaped(once, 10)
+        if left is not None:
+            with suppress(ProcessLookupError):
+                os.kill(left, signal.SIGKILL)
+    assert attempts(ledger_url, "drains") == [(day_key(0), 1, "done", 0)], stderr
+    assert once.returncode == -signal.SIGTERM, stderr

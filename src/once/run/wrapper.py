@@ -279,6 +279,8 @@ class _Supervisor:
         try:
             self._loop()
             output = self._deliver() if self.relay is not None else None
+            if self.pending:
+                self._stop_leftovers(self.pending[0])
         finally:
             self.stop_heartbeat.set()
         beat = self.beat
@@ -384,6 +386,19 @@ class _Supervisor:
                 self._perform(actions)
             relay.join(0.2 if until is None else min(0.2, until - now))
         return relay.output()
+
+    def _stop_leftovers(self, number: int) -> None:
+        """A stop signal while the output was delivered (the command had ended, and what it
+        left holds its pipe): once's own, as one the loop takes after the command's end
+        (machine.step), and what the command left in its group gets it, then SIGKILL, as
+        there. (It ran on after once had died of the signal: an outside attacker's finding.)
+        A kept guard waiting for the next period has nothing of the command's in its group
+        (it is kept only then): it is left alone."""
+        if self.state.kept:
+            return
+        for sig in (number, signal.SIGKILL):
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.guard, sig)  # the group's id while a member lives (_perform)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum != signal.SIGCHLD:
