@@ -6,13 +6,14 @@ it, or after the command has ended, ends `once` as one during a report does (onc
 `once: interrupted`, status 130), never with a traceback. Nothing is imported from
 once.cli.main here: the interrupted import may have left none of it."""
 
-from __future__ import annotations
-
 import sys
-from typing import NoReturn
+
+TYPE_CHECKING = False  # not typing's, nor __future__'s annotations: imports widen the window
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 
-def main() -> NoReturn:
+def main() -> "NoReturn":
     try:
         from once.cli.main import main as command_line
 
