@@ -33,6 +33,13 @@ def attempts(url: str, job: str) -> list[tuple[object, ...]]:
         "ORDER BY period, attempt", url), (job,))]
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _state(pid: int) -> str:
     fields = stat(pid)
     return fields[0] if fields is not None else "gone"
@@ -228,3 +235,32 @@ def test_a_stop_signal_while_a_worker_holds_the_output_stops_the_worker(
                 os.kill(left, signal.SIGKILL)
     assert attempts(ledger_url, "drains") == [(day_key(0), 1, "done", 0)], stderr
     assert once.returncode == -signal.SIGTERM, stderr
+
+
+def test_a_late_stop_signal_ends_once_as_pid_1_with_its_status(env: dict[str, str],
+                                                               ledger_url: str) -> None:
+    # As PID 1 (a container's init) once cannot die of its own signal: the kernel spares
+    # init the signals it has no handler for, its own included. A signal after the command's
+    # end (here while a worker it left holds its output) left once to exit 0 (an outside
+    # attacker's finding); it exits 128+N, as a once that dies of it does.
+    stable_day()
+    unshare = ["unshare", "--pid", "--fork", "--mount-proc"] + (
+        [] if os.geteuid() == 0 else ["--user", "--map-root-user"])
+    try:
+        subprocess.run([*unshare, "true"], check=True, capture_output=True, timeout=30)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"no PID namespace for this user here: {exc}")
+    outer = subprocess.Popen(
+        [*unshare, ONCE, "run", "--job", "init", *DAY, "--", "sh", "-c", "sleep 600 & exit 0"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        once = wait_for(lambda: next(iter(children(outer.pid)), None), what="once")
+        # The guard gone, the shell reaped: once's one child is the worker it inherited.
+        wait_for(lambda: [_comm(pid) for pid in children(once)] == ["sleep"],
+                 what="the command's end, its worker left")
+        os.kill(once, signal.SIGTERM)
+        _stdout, stderr = outer.communicate(timeout=60)
+    finally:
+        reaped(outer, 10)
+    assert attempts(ledger_url, "init") == [(day_key(0), 1, "done", 0)], stderr
+    assert outer.returncode == 143, stderr

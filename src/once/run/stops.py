@@ -130,6 +130,9 @@ def held_back(run: _Run) -> Iterator[None]:
     if held is not None:
         signal.signal(held, signal.SIG_DFL)
         signal.raise_signal(held)
+        # Still here: PID 1 (a container's init), whom the kernel spares its own signals at
+        # their default (it exited 0): the status it would have died with.
+        raise SystemExit(128 + held)
 
 
 def _overdue(number: int, run: _Run) -> None:
