@@ -109,9 +109,10 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
                                      "to be killed; 126 or 127 when it could not be started); "
                                      "the lease was then released (where the ledger could not "
                                      "be written, it runs out by itself)."),
-            ("128+<N>", "A SIGTERM, SIGINT or SIGHUP that came after the command had ended on "
-                        "its own (never the command's): the lease was released, then `once "
-                        "lead` died of it, as `once run` does."),
+            ("128+<N>", "A SIGTERM, SIGINT or SIGHUP that came once the lease was released, "
+                        "as `once lead` exited: it died of it (its last line tells the "
+                        "command's status). One that comes after the command's end but before "
+                        "the release leaves the command's status."),
             ("0", "Stopped by SIGTERM, SIGINT or SIGHUP while a candidate: nothing was run."),
             ("2", "Usage: a bad option or name, a `--lease` outside 3s to 1 year or a "
                   "`--kill-after` that does not fit it, no COMMAND (or one with `--retire`), "
