@@ -9,41 +9,85 @@ sent once the hook has written its pid, never after a sleep.
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from helpers import wait_for
+from helpers import ONCE, wait_for
 from ledger_sql import query
-from procs import alive, start_once
+from procs import alive, children, reaped
 
 # The hook writes its shell's pid and its background worker's, then waits for the worker.
 HOOK = ('sleep 60 & echo "$$ $!" > "$DIR/hook.pids.tmp"; '
         'mv "$DIR/hook.pids.tmp" "$DIR/hook.pids"; wait')
 
 
-@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_a_stop_signal_during_a_hook_ends_the_hook_too(once_env: dict[str, str],
-                                                       ledger_url: str, tmp_path: Path,
-                                                       sig: signal.Signals) -> None:
+def _hooked(once_env: dict[str, str], tmp_path: Path, *prefix: str) -> tuple[
+        subprocess.Popen[str], list[int]]:
+    """`once run` (behind `prefix`) whose --on-success hook has started: the process, and the
+    hook's shell and worker (pids of this namespace's, or of the one `prefix` made)."""
     env = {**once_env, "DIR": str(tmp_path)}
     pids_file = tmp_path / "hook.pids"
-    proc = start_once("run", "--job", "hooked", "--every", "day", "--on-success", HOOK, "--",
-                      "true", env=env)
+    proc = subprocess.Popen([*prefix, ONCE, "run", "--job", "hooked", "--every", "day",
+                             "--on-success", HOOK, "--", "true"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(pids_file.exists, timeout=60, what="the hook to start")
-        hook_pids = [int(pid) for pid in pids_file.read_text().split()]
-        proc.send_signal(sig)
+        wait_for(lambda: pids_file.exists() or proc.poll() is not None, timeout=60,
+                 what="the hook to start")
+    except BaseException:
+        reaped(proc, 10)
+        raise
+    assert proc.poll() is None, proc.communicate()
+    return proc, [int(pid) for pid in pids_file.read_text().split()]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("sent", [[signal.SIGTERM], [signal.SIGHUP], [signal.SIGINT],
+                                  [signal.SIGTERM, signal.SIGHUP]],
+                         ids=["TERM", "HUP", "INT", "TERM-then-HUP"])
+def test_a_stop_signal_during_a_hook_ends_the_hook_too(once_env: dict[str, str],
+                                                       ledger_url: str, tmp_path: Path,
+                                                       sent: list[signal.Signals]) -> None:
+    # A second signal while the first was being handled raised out of the handling (an
+    # outside attacker's finding: a traceback, exit 1).
+    proc, hook_pids = _hooked(once_env, tmp_path)
+    try:
+        for sig in sent:
+            proc.send_signal(sig)
         # once's stderr reaches its end with once: nothing of the hook holds it open.
         _out, err = proc.communicate(timeout=20)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == -sig, err
+        reaped(proc, 10)
+    if sent[0] == signal.SIGINT:  # as a Ctrl-C anywhere no command takes it
+        assert (proc.returncode, err) == (130, "\nonce: interrupted\n")
+    else:  # of the first it handled (two sent at once are handled by number, HUP first)
+        assert proc.returncode in [-sig for sig in sent] and err == "", (proc.returncode, err)
     wait_for(lambda: not any(alive(pid) for pid in hook_pids), timeout=10,
              what="the hook's shell and worker to be gone")
     assert query(ledger_url, "SELECT status FROM once_runs") == [("done",)]
 
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_stop_signal_during_a_hook_ends_once_as_pid_1_with_its_status(
+        once_env: dict[str, str], ledger_url: str, tmp_path: Path) -> None:
+    # As PID 1 (a container's init) the kernel spares once its own signal: its death by it
+    # did not come, and once went on to a traceback, exit 1 (an outside attacker's finding).
+    unshare = ["unshare", "--pid", "--fork", "--mount-proc"]
+    if os.geteuid() != 0:
+        unshare += ["--user", "--map-root-user"]
+    try:
+        subprocess.run([*unshare, "true"], check=True, capture_output=True, timeout=30)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"no PID namespace for this user here: {exc}")
+    outer, _ = _hooked(once_env, tmp_path, *unshare)
+    try:
+        [once] = children(outer.pid)
+        os.kill(once, signal.SIGTERM)
+        _out, err = outer.communicate(timeout=20)
+    finally:
+        reaped(outer, 10)
+    assert (outer.returncode, err) == (143, "")
+    assert query(ledger_url, "SELECT status FROM once_runs") == [("done",)]

@@ -224,6 +224,20 @@ def command_gone(guard: int) -> bool:
 _PF_EXITING = 0x4  # the kernel's task flag: do_exit has begun
 
 
+def group_taken(group: int) -> bool:
+    """Whether the number of the process group the guard led, the guard reaped, is known to
+    be a stranger's now: a process has it as its pid. A group keeps its number while a
+    member lives, and only its leader can have that pid; once the group is empty the number
+    is free, and a newcomer that gets it as its pid leads a group of that number (an outside
+    attacker's finding: a late signal killed one). False where it cannot be told (a /proc of
+    another PID namespace): the group is signalled, as before."""
+    try:
+        return os.readlink("/proc/self") == str(os.getpid()) and \
+            os.path.exists(f"/proc/{group}")
+    except OSError:
+        return False
+
+
 def _stat(pid: int | str) -> list[bytes]:
     """/proc's stat of pid ("self" too), the fields after its name (the third field first)."""
     with open(f"/proc/{pid}/stat", "rb") as stat:

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from once.messages import say
 from once.outcomes import SKIPS, Result
@@ -269,7 +270,7 @@ def run_hook(command: str, env: Mapping[str, str], option: str = "hook",
 
     log = log or _plain
     limit = hook_timeout()
-    with _stops_raised() as arm:
+    with _HookStops() as stops:
         try:
             proc = subprocess.Popen([SHELL, "-c", command], env=dict(env),
                                     stdin=subprocess.DEVNULL, start_new_session=True)
@@ -278,7 +279,7 @@ def run_hook(command: str, env: Mapping[str, str], option: str = "hook",
                 "hook-failed")
             return None
         try:
-            arm()
+            stops.arm()
             code = proc.wait(timeout=limit)
         except BaseException as exc:  # the limit, or once itself stopped: end the group
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -296,48 +297,57 @@ def run_hook(command: str, env: Mapping[str, str], option: str = "hook",
 
 
 class _Stopped(Exception):
-    """A SIGTERM or SIGHUP reached once while a hook ran."""
+    """A stop signal reached once while a hook ran."""
 
 
-@contextlib.contextmanager
-def _stops_raised() -> Iterator[Callable[[], None]]:
-    """While a hook runs, a SIGTERM or SIGHUP that would end once where it is (its handler
-    the default: once's own have been given back by then) ends the hook's group first: the
-    hook, in a session of its own, outlived once and kept its stderr open (cron waited).
-    Yields `arm`, called once the hook has started: from then on the signal raises _Stopped
-    (one that came while it started raises at `arm`), and the caller kills the group; once
-    then dies of the signal at its default, as it would have at once. SIGINT raises
-    KeyboardInterrupt already; a handler of someone else's (the Python API's caller, a
-    catch-up that holds its stops) is left alone, and so is a thread not the main one."""
-    import signal
+class _HookStops:
+    """While a hook runs, a SIGTERM, SIGHUP or SIGINT that would end once where it is (its
+    handler the default, or Python's KeyboardInterrupt: once's own have been given back by
+    then) ends the hook's group first: the hook, in a session of its own, outlived once and
+    kept its stderr open (cron waited). `arm()` once the hook has started: from then on the
+    first such signal raises _Stopped (one that came while it started raises at `arm`), and
+    the caller kills the group; the ones after it are noted only (one raised while the group
+    was being killed left the hook alive). On leaving, once ends as the first would have
+    ended it: it dies of it, or SIGINT's KeyboardInterrupt goes on (`once: interrupted`),
+    and as PID 1, spared its own signals, it exits 128+N. A handler of someone else's (the
+    Python API's caller, a catch-up that holds its stops) is left alone, as is a thread not
+    the main one."""
 
-    stopped: list[int] = []
-    armed = [False]
+    def __init__(self) -> None:
+        self.numbers: list[int] = []
+        self.armed = False
+        self.previous: dict[int, Any] = {}
 
-    def stop(number: int, _frame: object) -> None:
-        stopped.append(number)
-        if armed[0]:
+    def arm(self) -> None:
+        self.armed = True
+        if self.numbers:
             raise _Stopped
 
-    def arm() -> None:
-        armed[0] = True
-        if stopped:
+    def _on_signal(self, number: int, _frame: object) -> None:
+        self.numbers.append(number)
+        if self.armed and len(self.numbers) == 1:
             raise _Stopped
 
-    main = threading.current_thread() is threading.main_thread()
-    ours = [n for n in (signal.SIGTERM, signal.SIGHUP)
-            if main and signal.getsignal(n) == signal.SIG_DFL]
-    for number in ours:
-        signal.signal(number, stop)
-    try:
-        yield arm
-    except _Stopped:
-        pass
-    finally:
-        for number in ours:
-            signal.signal(number, signal.SIG_DFL)
-    if stopped:
-        signal.raise_signal(stopped[0])
+    def __enter__(self) -> _HookStops:
+        import signal
+
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                if signal.getsignal(number) in (signal.SIG_DFL, signal.default_int_handler):
+                    self.previous[number] = signal.signal(number, self._on_signal)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        import signal
+
+        self.armed = False
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+        if self.numbers:
+            first = self.numbers[0]
+            signal.raise_signal(first)  # dies of it; SIGINT's handler raises KeyboardInterrupt
+            raise SystemExit(128 + first)  # still here: PID 1
+        return kind is _Stopped
 
 
 def hook_timeout() -> float:

@@ -125,7 +125,7 @@ def _end_group(group: int, reap_all: bool, patience: float = 5.0) -> None:
     import time
 
     give_up = lease_now() + patience
-    while lease_now() < give_up:
+    while lease_now() < give_up and not _guard.group_taken(group):  # the guard is reaped
         try:
             os.killpg(group, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -397,8 +397,10 @@ class _Supervisor:
         if self.state.kept:
             return
         for sig in (number, signal.SIGKILL):
+            if _guard.group_taken(self.guard):  # the guard is reaped: its pid is free
+                return
             with suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.guard, sig)  # the group's id while a member lives (_perform)
+                os.killpg(self.guard, sig)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum != signal.SIGCHLD:
