@@ -264,3 +264,47 @@ def test_a_late_stop_signal_ends_once_as_pid_1_with_its_status(env: dict[str, st
         reaped(outer, 10)
     assert attempts(ledger_url, "init") == [(day_key(0), 1, "done", 0)], stderr
     assert outer.returncode == 143, stderr
+
+
+# In a PID namespace of its own (pids from 1, ns_last_pid writable by its root): `once run`
+# of a command that leaves, in a session of its own, a worker holding once's output, so
+# that once still relays it after the command's group has emptied; then a newcomer given
+# the group's number as its pid (ns_last_pid), and a SIGTERM to once. Prints the newcomer's
+# fate and whether it got the number.
+_REUSED = r'''
+"$ONCE" run --job reused --every day -- sh -c \
+    'cut -d" " -f5 /proc/$$/stat > "$DIR/group"; setsid sleep 300 & exit 0' > "$DIR/out" &
+once=$!
+i=0
+until [ -s "$DIR/group" ] && [ -z "$(cat /proc/$once/task/$once/children)" ]; do
+    i=$((i + 1)); [ $i -gt 3000 ] && { echo "timeout"; exit 1; }; sleep 0.01
+done
+group=$(cat "$DIR/group")
+echo $((group - 1)) > /proc/sys/kernel/ns_last_pid
+setsid sleep 1000 &
+newcomer=$!
+kill -TERM $once
+wait $once
+echo "once=$?"
+sleep 0.2
+kill -0 $newcomer 2>/dev/null && echo "newcomer alive" || echo "newcomer killed"
+[ "$newcomer" = "$group" ] && echo "number taken" || echo "number not taken"
+'''
+
+
+def test_a_late_signal_spares_a_newcomer_that_took_the_group_s_number(
+        env: dict[str, str], ledger_url: str) -> None:
+    # The command's group emptied while once relayed a worker's output (the worker in a
+    # session of its own), and a newcomer got the group's number as its pid: once's late
+    # signal, sent on to the group, killed the newcomer (an outside attacker's finding).
+    if os.geteuid() != 0:
+        pytest.skip("ns_last_pid needs root in the namespace's owner")
+    stable_day()
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", _REUSED],
+                          env={**env, "ONCE": ONCE}, capture_output=True, text=True,
+                          timeout=120)
+    lines = done.stdout.split()
+    assert "number taken" in done.stdout, (done.stdout, done.stderr)
+    assert "newcomer alive" in done.stdout, (done.stdout, done.stderr)
+    assert "once=143" in lines, (done.stdout, done.stderr)
+    assert attempts(ledger_url, "reused") == [(day_key(0), 1, "done", 0)]
