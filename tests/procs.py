@@ -37,6 +37,21 @@ def stopped(proc: subprocess.Popen[bytes] | subprocess.Popen[str], timeout: floa
     reaped(proc, timeout)
 
 
+def pid_namespace(*options: str) -> list[str]:
+    """`unshare --pid --fork OPTIONS`: what runs behind it is PID 1 of a namespace of its own
+    (the test is skipped where this user cannot make one). Root needs no user namespace (one
+    would lose the right to the embedded server's socket, which another user owns)."""
+    import pytest
+
+    unshare = ["unshare", "--pid", "--fork", *options] + (
+        [] if os.geteuid() == 0 else ["--user", "--map-root-user"])
+    try:
+        subprocess.run([*unshare, "true"], check=True, capture_output=True, timeout=30)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"no PID namespace for this user here: {exc}")
+    return unshare
+
+
 def stat(pid: int) -> list[str] | None:
     """The fields of /proc/PID/stat after the command name; None when there is no such pid."""
     try:

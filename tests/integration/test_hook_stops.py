@@ -18,7 +18,7 @@ import pytest
 
 from helpers import ONCE, wait_for
 from ledger_sql import query
-from procs import alive, children, reaped
+from procs import alive, children, pid_namespace, reaped
 
 # The hook writes its shell's pid and its background worker's, then waits for the worker.
 HOOK = ('sleep 60 & echo "$$ $!" > "$DIR/hook.pids.tmp"; '
@@ -75,14 +75,7 @@ def test_a_stop_signal_during_a_hook_ends_once_as_pid_1_with_its_status(
         once_env: dict[str, str], ledger_url: str, tmp_path: Path) -> None:
     # As PID 1 (a container's init) the kernel spares once its own signal: its death by it
     # did not come, and once went on to a traceback, exit 1 (an outside attacker's finding).
-    unshare = ["unshare", "--pid", "--fork", "--mount-proc"]
-    if os.geteuid() != 0:
-        unshare += ["--user", "--map-root-user"]
-    try:
-        subprocess.run([*unshare, "true"], check=True, capture_output=True, timeout=30)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"no PID namespace for this user here: {exc}")
-    outer, _ = _hooked(once_env, tmp_path, *unshare)
+    outer, _ = _hooked(once_env, tmp_path, *pid_namespace("--mount-proc"))
     try:
         [once] = children(outer.pid)
         os.kill(once, signal.SIGTERM)

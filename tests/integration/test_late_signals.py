@@ -22,7 +22,7 @@ import pytest
 from child_log import DAY, day_key, stable_day
 from helpers import ONCE, run_once, wait_for
 from ledger_sql import placeholders, query
-from procs import alive, children, reaped, start_once, stat
+from procs import alive, children, pid_namespace, reaped, start_once, stat
 
 pytestmark = pytest.mark.usefixtures("ledger_url")
 
@@ -149,31 +149,43 @@ def test_a_stop_signal_after_the_command_exited_before_its_guard_said_so_is_not_
     assert once.returncode == -signal.SIGTERM, stderr
 
 
+def _worker_stopped(env: dict[str, str], ledger_url: str, job: str, leaves: str,
+                    when: Callable[[subprocess.Popen[str], Path], None]) -> None:
+    """`once run` of `sh -c leaves` (which leaves a worker and writes its pid last in the file
+    named by {worker}), sent SIGTERM by `when(once, worker file)` at its moment: done is
+    recorded, once dies of the signal, and the worker is stopped."""
+    stable_day()
+    worker = Path(env["DIR"]) / "worker"
+    once = start_once("run", "--job", job, *DAY, "--", "sh", "-c", leaves.format(worker=worker),
+                      env=env)
+    try:
+        when(once, worker)
+        _stdout, stderr = once.communicate(timeout=60)
+        left = int(worker.read_text().split()[-1])
+        wait_for(lambda: not alive(left), timeout=10, what="the worker to be stopped")
+    finally:
+        reaped(once, 10)
+        with suppress(ProcessLookupError, ValueError, FileNotFoundError, IndexError):
+            os.kill(int(worker.read_text().split()[-1]), signal.SIGKILL)
+    assert attempts(ledger_url, job) == [(day_key(0), 1, "done", 0)], stderr
+    assert once.returncode == -signal.SIGTERM, stderr
+
+
 def test_what_a_command_left_in_its_group_gets_a_stop_signal_after_the_command_s_end(
         env: dict[str, str], ledger_url: str) -> None:
     # The signal is once's own (the command has exited), but a worker the command left in its
     # group is stopped by it, as it was when it counted as the command's (an outside
     # attacker's finding: the worker ran on after once had died of the signal).
-    stable_day()
-    worker = Path(env["DIR"]) / "worker"
-    leaves = f'sleep 600 & echo $! > {worker}; {_STOPS_ITS_GUARD}'
-    once = start_once("run", "--job", "leaves", *DAY, "--", "sh", "-c", leaves, env=env)
-    try:
+    def at_the_end(once: subprocess.Popen[str], _worker: Path) -> None:
         guard = wait_for(lambda: next(iter(children(once.pid)), None), what="the guard")
         wait_for(lambda: _state(guard) == "T" and _waits(once.pid) and any(
             _state(pid) == "Z" for pid in children(guard)), what="the command to end")
         once.send_signal(signal.SIGTERM)
         once.send_signal(signal.SIGCONT)
         os.kill(guard, signal.SIGCONT)
-        _stdout, stderr = once.communicate(timeout=60)
-        left = int(worker.read_text())
-        assert not alive(left), "the worker the command left runs on"
-    finally:
-        reaped(once, 10)
-        with suppress(ProcessLookupError, ValueError, FileNotFoundError):
-            os.kill(int(worker.read_text()), signal.SIGKILL)
-    assert attempts(ledger_url, "leaves") == [(day_key(0), 1, "done", 0)], stderr
-    assert once.returncode == -signal.SIGTERM, stderr
+
+    _worker_stopped(env, ledger_url, "leaves", "sleep 600 & echo $! > {worker}; "
+                    + _STOPS_ITS_GUARD, at_the_end)
 
 
 def test_a_stop_signal_reaches_the_command_in_a_pid_namespace_that_shows_another_s_proc(
@@ -184,14 +196,7 @@ def test_a_stop_signal_reaches_the_command_in_a_pid_namespace_that_shows_another
     # recorded done). Now once, seeing /proc is not its namespace's, forwards it.
     stable_day()
     started = Path(env["DIR"]) / "started"
-    # root needs no user namespace (and one would lose the right to the embedded server's
-    # socket, which another user owns); another user needs one to make a PID namespace.
-    unshare = ["unshare", "--pid", "--fork"] + (
-        [] if os.geteuid() == 0 else ["--user", "--map-root-user"])
-    try:
-        subprocess.run([*unshare, "true"], check=True, capture_output=True, timeout=30)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"no PID namespace for this user here: {exc}")
+    unshare = pid_namespace()
     outer = subprocess.Popen(
         [*unshare, ONCE, "run", "--job", "namespaced", *DAY, "--", "sh", "-c",
          f"touch {started}; exec sleep 600"],
@@ -215,26 +220,16 @@ def test_a_stop_signal_while_a_worker_holds_the_output_stops_the_worker(
     # the end, its guard is gone, and it delivers the output the worker may still write. A
     # SIGTERM then is once's own (done is recorded), and the worker gets it, then SIGKILL (an
     # outside attacker's finding: it ran on after once had died of the signal, 10 in 10).
-    stable_day()
-    worker = Path(env["DIR"]) / "worker"
-    leaves = f'sleep 600 & echo "$$ $!" > {worker}.tmp; mv {worker}.tmp {worker}; exit 0'
-    once = start_once("run", "--job", "drains", *DAY, "--", "sh", "-c", leaves, env=env)
-    left = None
-    try:
+    def relaying(once: subprocess.Popen[str], worker: Path) -> None:
         wait_for(worker.exists, what="the command to leave its worker")
-        shell, left = (int(pid) for pid in worker.read_text().split())
+        shell = int(worker.read_text().split()[0])
         wait_for(lambda: not alive(shell) and not children(once.pid),
                  what="the command and its guard to be gone")
         once.send_signal(signal.SIGTERM)
-        _stdout, stderr = once.communicate(timeout=60)
-        wait_for(lambda: not alive(left), timeout=10, what="the worker to be stopped")
-    finally:
-        reaped(once, 10)
-        if left is not None:
-            with suppress(ProcessLookupError):
-                os.kill(left, signal.SIGKILL)
-    assert attempts(ledger_url, "drains") == [(day_key(0), 1, "done", 0)], stderr
-    assert once.returncode == -signal.SIGTERM, stderr
+
+    _worker_stopped(env, ledger_url, "drains",
+                    'sleep 600 & echo "$$ $!" > {worker}.tmp; mv {worker}.tmp {worker}; exit 0',
+                    relaying)
 
 
 def test_a_late_stop_signal_ends_once_as_pid_1_with_its_status(env: dict[str, str],
@@ -244,12 +239,7 @@ def test_a_late_stop_signal_ends_once_as_pid_1_with_its_status(env: dict[str, st
     # end (here while a worker it left holds its output) left once to exit 0 (an outside
     # attacker's finding); it exits 128+N, as a once that dies of it does.
     stable_day()
-    unshare = ["unshare", "--pid", "--fork", "--mount-proc"] + (
-        [] if os.geteuid() == 0 else ["--user", "--map-root-user"])
-    try:
-        subprocess.run([*unshare, "true"], check=True, capture_output=True, timeout=30)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"no PID namespace for this user here: {exc}")
+    unshare = pid_namespace("--mount-proc")
     outer = subprocess.Popen(
         [*unshare, ONCE, "run", "--job", "init", *DAY, "--", "sh", "-c", "sleep 600 & exit 0"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
