@@ -21,18 +21,20 @@ from ledger_sql import query
 from procs import alive, children, pid_namespace, reaped
 
 # The hook writes its shell's pid and its background worker's, then waits for the worker.
-HOOK = ('sleep 60 & echo "$$ $!" > "$DIR/hook.pids.tmp"; '
+HOOK = ('sleep 60 & echo "$$ $! $ONCE_OUTPUT_FILE" > "$DIR/hook.pids.tmp"; '
         'mv "$DIR/hook.pids.tmp" "$DIR/hook.pids"; wait')
 
 
 def _hooked(once_env: dict[str, str], tmp_path: Path, *prefix: str) -> tuple[
         subprocess.Popen[str], list[int]]:
     """`once run` (behind `prefix`) whose --on-success hook has started: the process, and the
-    hook's shell and worker (pids of this namespace's, or of the one `prefix` made)."""
-    env = {**once_env, "DIR": str(tmp_path)}
+    hook's shell and worker (pids of this namespace's, or of the one `prefix` made). Its
+    ONCE_OUTPUT_FILE is in `tmp_path`'s "tmp"."""
+    (tmp_path / "tmp").mkdir()
+    env = {**once_env, "DIR": str(tmp_path), "TMPDIR": str(tmp_path / "tmp")}
     pids_file = tmp_path / "hook.pids"
     proc = subprocess.Popen([*prefix, ONCE, "run", "--job", "hooked", "--every", "day",
-                             "--on-success", HOOK, "--", "true"], env=env,
+                             "--on-success", HOOK, "--", "echo", "said"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: pids_file.exists() or proc.poll() is not None, timeout=60,
@@ -41,7 +43,9 @@ def _hooked(once_env: dict[str, str], tmp_path: Path, *prefix: str) -> tuple[
         reaped(proc, 10)
         raise
     assert proc.poll() is None, proc.communicate()
-    return proc, [int(pid) for pid in pids_file.read_text().split()]
+    shell, worker, output_file = pids_file.read_text().split()
+    assert Path(output_file).parent == tmp_path / "tmp"
+    return proc, [int(shell), int(worker)]
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
@@ -67,6 +71,8 @@ def test_a_stop_signal_during_a_hook_ends_the_hook_too(once_env: dict[str, str],
         assert proc.returncode in [-sig for sig in sent] and err == "", (proc.returncode, err)
     wait_for(lambda: not any(alive(pid) for pid in hook_pids), timeout=10,
              what="the hook's shell and worker to be gone")
+    # The hook's ONCE_OUTPUT_FILE (the command's output) is gone with it: it was left behind.
+    assert list((tmp_path / "tmp").iterdir()) == []
     assert query(ledger_url, "SELECT status FROM once_runs") == [("done",)]
 
 
@@ -83,4 +89,5 @@ def test_a_stop_signal_during_a_hook_ends_once_as_pid_1_with_its_status(
     finally:
         reaped(outer, 10)
     assert (outer.returncode, err) == (143, "")
+    assert list((tmp_path / "tmp").iterdir()) == []
     assert query(ledger_url, "SELECT status FROM once_runs") == [("done",)]

@@ -107,10 +107,11 @@ class Notifier:
         hook = {"success": self.on_success, "failure": self.on_failure,
                 "skip": self.on_skip}[kind]
         if hook:
-            with output_file(output, HOOK_OPTIONS[kind], log) as path:
+            # The output's file goes before a stop signal ends once (it held the output).
+            with _HookStops() as stops, output_file(output, HOOK_OPTIONS[kind], log) as path:
                 extra = {"ONCE_OUTPUT_FILE": path} if path else {}
                 run_hook(hook, {**env, "ONCE_OUTCOME": outcome, "ONCE_STATUS": str(status),
-                                **extra}, HOOK_OPTIONS[kind], log)
+                                **extra}, HOOK_OPTIONS[kind], log, stops)
 
     def _result_url(self, outcome: Result, status: int) -> tuple[str | None, str]:
         """The URL that tells outcome, and what to call it in a message."""
@@ -257,39 +258,42 @@ def _why(exc: Exception) -> str:
 
 
 def run_hook(command: str, env: Mapping[str, str], option: str = "hook",
-             log: Log | None = None) -> int | None:
+             log: Log | None = None, stops: _HookStops | None = None) -> int | None:
     """Run a hook through /bin/sh with the run's environment; report, never raise.
 
     The hook leads a process group of its own: at the time limit, or when a stop signal ends
     once meanwhile, the whole group is killed, so that nothing it started keeps running (and
     keeps once's stdout and stderr open).
-    Messages name the option, not the command, which may hold secrets of its own.
+    Messages name the option, not the command, which may hold secrets of its own. `stops`:
+    the caller's _HookStops, entered around what it must clean up first (ONCE_OUTPUT_FILE).
     """
     import signal
     import subprocess
 
+    if stops is None:
+        with _HookStops() as own:
+            return run_hook(command, env, option, log, own)
     log = log or _plain
     limit = hook_timeout()
-    with _HookStops() as stops:
-        try:
-            proc = subprocess.Popen([SHELL, "-c", command], env=dict(env),
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        except (OSError, ValueError) as exc:
-            log(f"{option} hook could not start: {getattr(exc, 'strerror', None) or exc}",
-                "hook-failed")
-            return None
-        try:
-            stops.arm()
-            code = proc.wait(timeout=limit)
-        except BaseException as exc:  # the limit, or once itself stopped: end the group
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            if not isinstance(exc, subprocess.TimeoutExpired):
-                raise
-            log(f"{option} hook timed out after {limit:g}s and was killed, with every "
-                f"process it started", "hook-failed")
-            return None
+    try:
+        proc = subprocess.Popen([SHELL, "-c", command], env=dict(env),
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    except (OSError, ValueError) as exc:
+        log(f"{option} hook could not start: {getattr(exc, 'strerror', None) or exc}",
+            "hook-failed")
+        return None
+    try:
+        stops.arm()
+        code = proc.wait(timeout=limit)
+    except BaseException as exc:  # the limit, or once itself stopped: end the group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
+        log(f"{option} hook timed out after {limit:g}s and was killed, with every "
+            f"process it started", "hook-failed")
+        return None
     if code != 0:
         how = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
         log(f"{option} hook {how}", "hook-failed")
@@ -337,7 +341,8 @@ class _HookStops:
                     self.previous[number] = signal.signal(number, self._on_signal)
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+    def __exit__(self, *_: object) -> None:
+        """Ends once when a signal came (_Stopped, raised only then, goes no further)."""
         import signal
 
         self.armed = False
@@ -347,7 +352,6 @@ class _HookStops:
             first = self.numbers[0]
             signal.raise_signal(first)  # dies of it; SIGINT's handler raises KeyboardInterrupt
             raise SystemExit(128 + first)  # still here: PID 1
-        return kind is _Stopped
 
 
 def hook_timeout() -> float:
