@@ -275,6 +275,8 @@ def run_hook(command: str, env: Mapping[str, str], option: str = "hook",
             return run_hook(command, env, option, log, own)
     log = log or _plain
     limit = hook_timeout()
+    if stops.numbers:  # a stop signal before it: it does not start
+        raise _Stopped
     try:
         proc = subprocess.Popen([SHELL, "-c", command], env=dict(env),
                                 stdin=subprocess.DEVNULL, start_new_session=True)
