@@ -287,6 +287,7 @@ def run_hook(command: str, env: Mapping[str, str], option: str = "hook",
     try:
         stops.arm()
         code = proc.wait(timeout=limit)
+        stops.armed = False  # the hook is done: a signal now is noted, its file removed first
     except BaseException as exc:  # the limit, or once itself stopped: end the group
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
