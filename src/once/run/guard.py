@@ -200,7 +200,7 @@ def command_gone(guard: int) -> bool:
     PID namespace (a container's without its own: its pids are not ours, and the guard's
     would name another process, an outside attacker's finding), no list of children."""
     try:
-        if os.readlink("/proc/self") != str(os.getpid()) or _parent(guard) != os.getpid():
+        if not _proc_is_ours() or _parent(guard) != os.getpid():
             return False
         with open(f"/proc/{guard}/task/{guard}/children", "rb") as listing:
             children = [int(pid) for pid in listing.read().split()]
@@ -232,10 +232,14 @@ def group_taken(group: int) -> bool:
     attacker's finding: a late signal killed one). False where it cannot be told (a /proc of
     another PID namespace): the group is signalled, as before."""
     try:
-        return os.readlink("/proc/self") == str(os.getpid()) and \
-            os.path.exists(f"/proc/{group}")
+        return _proc_is_ours() and os.path.exists(f"/proc/{group}")
     except OSError:
         return False
+
+
+def _proc_is_ours() -> bool:
+    """Whether /proc is this process's PID namespace's (its pids are ours). OSError: none."""
+    return os.readlink("/proc/self") == str(os.getpid())
 
 
 def _stat(pid: int | str) -> list[bytes]:

@@ -348,13 +348,13 @@ class _HookStops:
         """Ends once when a signal came (_Stopped, raised only then, goes no further)."""
         import signal
 
+        from once.run.stops import die_of
+
         self.armed = False
         for number, handler in self.previous.items():
             signal.signal(number, handler)
         if self.numbers:
-            first = self.numbers[0]
-            signal.raise_signal(first)  # dies of it; SIGINT's handler raises KeyboardInterrupt
-            raise SystemExit(128 + first)  # still here: PID 1
+            die_of(self.numbers[0])
 
 
 def hook_timeout() -> float:

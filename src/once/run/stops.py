@@ -17,7 +17,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 if TYPE_CHECKING:
     from once.messages import Voice
@@ -129,10 +129,16 @@ def held_back(run: _Run) -> Iterator[None]:
     held = stop.held_back()
     if held is not None:
         signal.signal(held, signal.SIG_DFL)
-        signal.raise_signal(held)
-        # Still here: PID 1 (a container's init), whom the kernel spares its own signals at
-        # their default (it exited 0): the status it would have died with.
-        raise SystemExit(128 + held)
+        die_of(held)
+
+
+def die_of(number: int) -> NoReturn:
+    """End once as signal `number` does at the handler now set: death at the default,
+    KeyboardInterrupt at Python's for SIGINT. As PID 1 (a container's init), whom the kernel
+    spares its own signals at their default (it went on, and exited 0), the status that
+    death would have given: 128+N."""
+    signal.raise_signal(number)
+    raise SystemExit(128 + number)
 
 
 def _overdue(number: int, run: _Run) -> None:
