@@ -79,6 +79,16 @@ def process_group(pid: int) -> int:
     return int(fields[2])
 
 
+def group_leaders(pid: int) -> list[int]:
+    """Children of pid that lead a process group of their own (a child may end meanwhile)."""
+    found = []
+    for child in children(pid):
+        fields = stat(child)
+        if fields is not None and int(fields[2]) == child:
+            found.append(child)
+    return found
+
+
 def zombie_children(pid: int) -> list[int]:
     """Children of pid that have ended and were not reaped."""
     found = []

@@ -27,9 +27,9 @@ from procs import (
     Terminal,
     alive,
     children,
+    group_leaders,
     parent,
     pids,
-    process_group,
     start_once,
     zombie_children,
 )
@@ -337,7 +337,8 @@ def test_as_pid_1_orphans_are_reaped_and_signals_work(env: dict[str, str], tmp_p
     (init,) = wait_for(lambda: children(box.pid), what="once as PID 1")
     nspid = Path(f"/proc/{init}/status").read_text().split("NSpid:")[1].splitlines()[0]
     assert nspid.split()[-1] == "1"
-    (guard,) = [c for c in children(init) if process_group(c) == c]  # the group leader
+    # The guard leads its group; the orphan may end while the children are looked at.
+    (guard,) = wait_for(lambda: group_leaders(init), what="the guard")
     wait_for(lambda: (tmp_path / "orphan-done").exists(), what="the orphan to end")
     wait_for(lambda: not zombie_children(init), timeout=5, what="PID 1 to reap the orphan")
     os.kill(init, signal.SIGTERM)
