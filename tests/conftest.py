@@ -391,14 +391,24 @@ def backend(request: pytest.FixtureRequest) -> Server:
 
 
 @pytest.fixture
-def ledger_url(backend: Server, tmp_path: Path) -> Iterator[str]:
-    """An empty ledger of this test's own."""
+def ledger_url(backend: Server, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A ledger of this test's own: empty, or with its tables made where the test is marked
+    tables_made (and not tables_made(False)). A first use in a `once` process imports
+    SQLAlchemy to make them, about a third of a second of CPU: paid by every test that starts
+    `once`, most of them not about it."""
     if backend.dialect == "sqlite":
-        yield f"sqlite:///{tmp_path}/ledger.db"
-        return
-    url, name = backend.new_database()
+        url, name = f"sqlite:///{tmp_path}/ledger.db", None
+    else:
+        url, name = backend.new_database()
+    marked = request.node.get_closest_marker("tables_made")  # a test's own (False) wins
+    if marked is not None and (marked.args or (True,))[0]:
+        from once.ledger import parse_url
+        from once.ledger.schema import ensure
+
+        ensure(parse_url(url))
     yield url
-    backend.drop(name)
+    if name is not None:
+        backend.drop(name)
 
 
 @pytest.fixture

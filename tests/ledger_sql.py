@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,6 +36,21 @@ def query(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
             return [tuple(r) for r in cur.fetchall()] if cur.description else []
     finally:
         conn.close()
+
+
+def tables(url: str) -> set[str]:
+    """The once_* tables the ledger holds (none: nothing was ever sent to it)."""
+    if url.startswith("sqlite"):
+        path = url.partition(":///")[2]
+        if not os.path.exists(path):
+            return set()
+        rows = query(url, "SELECT name FROM sqlite_master WHERE type = 'table'")
+    elif url.startswith("postgresql"):
+        rows = query(url, "SELECT table_name FROM information_schema.tables "
+                          "WHERE table_schema = current_schema()")
+    else:
+        rows = query(url, "SHOW TABLES")
+    return {str(name) for (name,) in rows if str(name).startswith("once_")}
 
 
 def lock_run_rows(url: str) -> Any:

@@ -16,7 +16,7 @@ import pytest
 
 import once
 from helpers import run_either
-from ledger_sql import query
+from ledger_sql import query, tables
 
 DAY = ["--every", "day"]
 
@@ -27,21 +27,6 @@ def one_line(result: Any, status: int) -> str:
     assert result.returncode == status, (result.returncode, result.stderr)
     assert len(lines) == 1 and lines[0].startswith("once: "), result.stderr
     return str(lines[0])
-
-
-def tables(url: str) -> set[str]:
-    """The once_* tables the ledger holds (none: nothing was ever sent to it)."""
-    if url.startswith("sqlite"):
-        path = url.partition(":///")[2]
-        if not os.path.exists(path):
-            return set()
-        rows = query(url, "SELECT name FROM sqlite_master WHERE type = 'table'")
-    elif url.startswith("postgresql"):
-        rows = query(url, "SELECT table_name FROM information_schema.tables "
-                          "WHERE table_schema = current_schema()")
-    else:
-        rows = query(url, "SHOW TABLES")
-    return {str(name) for (name,) in rows if str(name).startswith("once_")}
 
 
 def run(*args: str, env: dict[str, str], marker: Path) -> Any:

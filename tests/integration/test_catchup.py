@@ -9,7 +9,7 @@ import pytest
 from helpers import ONCE, release_together, run_once
 from ledger_sql import query
 
-pytestmark = pytest.mark.usefixtures("ledger_url")
+pytestmark = [pytest.mark.usefixtures("ledger_url"), pytest.mark.tables_made]
 
 LOG_CHILD = ["sh", "-c", 'echo "$ONCE_PERIOD $ONCE_PERIOD_START $ONCE_PERIOD_END '
              '$ONCE_ATTEMPT" >> "$LOG"']

@@ -19,6 +19,8 @@ from once.schedules import schedule
 from once.stored import shard_keys
 from procs import alive, parent, pids, start_once
 
+pytestmark = pytest.mark.tables_made  # none is about a first use
+
 DAY = ["--job", "gaps", "--every", "day"]
 LOG_CHILD = ["sh", "-c", 'echo "$ONCE_PERIOD $ONCE_ATTEMPT" >> "$LOG"']
 FAIL = ["sh", "-c", 'echo "$ONCE_PERIOD $ONCE_ATTEMPT" >> "$LOG"; exit 3']

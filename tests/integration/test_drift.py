@@ -15,7 +15,7 @@ from helpers import run_once
 from ledger_sql import query
 from once.run.flow import command_hash
 
-pytestmark = pytest.mark.usefixtures("ledger_url")
+pytestmark = [pytest.mark.usefixtures("ledger_url"), pytest.mark.tables_made]
 
 
 def test_require_same_command_refuses_a_different_command(env: dict[str, str], tmp_path: Path,

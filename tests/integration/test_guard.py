@@ -26,6 +26,8 @@ from helpers import ONCE, continue_if_sqlite, run_once, wait_for
 from ledger_sql import query
 from procs import alive, children, parent, pids, process_group, start_once, stat
 
+pytestmark = pytest.mark.tables_made  # but where a test says otherwise
+
 DAY = ["--every", "day"]
 CALM = "60s"  # a database stalled by a loaded machine must not fence anyone out
 
@@ -214,6 +216,7 @@ def test_the_timeout_grace_sleeps(sqlite_env: dict[str, str], tmp_path: Path) ->
 # -- --kill-after must fit --stale-after -------------------------------------------------------
 
 
+@pytest.mark.tables_made(False)  # an empty ledger
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["run", "catchup", "environment"])
 def test_a_kill_after_that_does_not_fit_stale_after_is_a_usage_error(

@@ -20,6 +20,8 @@ from helpers import ONCE, wait_for
 from ledger_sql import query
 from procs import alive, children, pid_namespace, reaped
 
+pytestmark = pytest.mark.tables_made  # none is about a first use
+
 # The hook writes its shell's pid and its background worker's, then waits for the worker.
 HOOK = ('sleep 60 & echo "$$ $! $ONCE_OUTPUT_FILE" > "$DIR/hook.pids.tmp"; '
         'mv "$DIR/hook.pids.tmp" "$DIR/hook.pids"; wait')

@@ -24,7 +24,7 @@ from helpers import ONCE, run_once, wait_for
 from ledger_sql import placeholders, query
 from procs import alive, children, pid_namespace, reaped, start_once, stat
 
-pytestmark = pytest.mark.usefixtures("ledger_url")
+pytestmark = [pytest.mark.usefixtures("ledger_url"), pytest.mark.tables_made]
 
 
 def attempts(url: str, job: str) -> list[tuple[object, ...]]:

@@ -21,6 +21,8 @@ from lead_log import child, judge, leading_children, spans, stop_leads
 from ledger_sql import query
 from procs import alive, children
 
+pytestmark = pytest.mark.tables_made  # none is about a first use
+
 LEASE = 3.0
 NAME = "scheduler"
 # How soon a candidate's child writes after a leader's end, on a loaded machine: the lease

@@ -34,6 +34,8 @@ from procs import (
     zombie_children,
 )
 
+pytestmark = pytest.mark.tables_made  # none is about a first use
+
 STALE = "2s"  # where staleness is the subject: it has to pass within a test
 CALM = "60s"  # where it is not: a database stalled by a loaded machine must not fence out
 DAY = ["--every", "day"]

@@ -14,6 +14,8 @@ import once
 from helpers import run_once
 from ledger_sql import query
 
+pytestmark = pytest.mark.tables_made  # none is about a first use
+
 
 def _minutes_ago(n: int) -> datetime:
     return datetime.now(UTC) - timedelta(minutes=n)

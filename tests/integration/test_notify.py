@@ -29,6 +29,8 @@ from ledger_sql import query
 from once.run import notify
 from procs import start_once
 
+pytestmark = pytest.mark.tables_made  # none is about a first use
+
 # The ledger's dialect does not matter to the test: run it on SQLite only.
 sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 

@@ -22,6 +22,8 @@ from ledger_sql import db_time, placeholders, query
 from once.ledger import parse_url
 from procs import Terminal
 
+pytestmark = pytest.mark.tables_made  # but where a test says otherwise
+
 sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
 # Text that a terminal obeys: a title change, a screen clear, a bell, a line that forges an
@@ -156,6 +158,7 @@ def test_nothing_from_the_ledger_or_the_command_line_is_read_as_markup(
 # -- 18. an empty ledger, a job that never ran -----------------------------------------------
 
 
+@pytest.mark.tables_made(False)  # an empty ledger
 def test_check_on_an_empty_ledger_is_unknown(once_env: dict[str, str],
                                              ledger_url: str) -> None:
     """The cron line that audits the wrong (empty) ledger must not stay green."""
@@ -432,6 +435,7 @@ def modes(directory: Path) -> dict[str, int]:
     return {p.name: p.stat().st_mode & 0o777 for p in (directory, *directory.iterdir())}
 
 
+@pytest.mark.tables_made(False)  # an empty ledger
 @sqlite_only
 @pytest.mark.parametrize("first", ["run", "schema"])
 def test_the_default_ledger_is_created_private(once_env: dict[str, str], tmp_path: Path,

@@ -19,6 +19,8 @@ from helpers import run_either, run_once, wait_for
 from ledger_sql import placeholders, query
 from procs import alive, reaped, start_once
 
+pytestmark = pytest.mark.tables_made  # none is about a first use
+
 REFUSED = 69
 
 

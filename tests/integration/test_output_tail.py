@@ -23,6 +23,8 @@ from helpers import ONCE, run_either, wait_for
 from ledger_sql import query
 from procs import Terminal
 
+pytestmark = pytest.mark.tables_made  # none is about a first use
+
 DAY = ["--every", "day"]
 
 # Writes to stdout and stderr in turn: lines, binary data (every byte value, NULs), large

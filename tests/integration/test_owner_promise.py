@@ -29,6 +29,8 @@ from ledger_sql import lock_run_rows, query, scalar
 from once.ledger import parse_url
 from procs import alive, start_once
 
+pytestmark = pytest.mark.tables_made  # none is about a first use
+
 DAY = ["--every", "day"]
 # A child that notes its pid and attempt, then waits for the test's word.
 WAITER = ('echo $$ > "$DIR/pid.$ONCE_ATTEMPT"; '

@@ -25,7 +25,7 @@ from once.ledger import parse_url
 from once.periods import Period
 from once.schedules import schedule
 
-pytestmark = pytest.mark.usefixtures("ledger_url")
+pytestmark = [pytest.mark.usefixtures("ledger_url"), pytest.mark.tables_made]
 
 
 def today(tz: str = "UTC") -> date:
@@ -223,6 +223,7 @@ def in_pty(argv: list[str], env: dict[str, str], columns: int = 200) -> tuple[st
     return b"".join(chunks).decode(errors="replace"), os.waitstatus_to_exitcode(wait_status)
 
 
+@pytest.mark.tables_made(False)  # an empty ledger
 def test_status_on_an_empty_ledger(once_env: dict[str, str]) -> None:
     result = once(once_env, "status")
     assert result.returncode == 0 and result.stdout == ""
@@ -515,6 +516,7 @@ def test_metrics_parse_and_count(once_env: dict[str, str]) -> None:
     assert s[("once_fires_total", (("once_job", weird),))] == 1
 
 
+@pytest.mark.tables_made(False)  # an empty ledger
 def test_metrics_on_an_empty_ledger_parse(once_env: dict[str, str]) -> None:
     assert metric_samples(once_env) == {}
 

@@ -15,7 +15,7 @@ import pytest
 
 from child_log import stable_day
 from helpers import run_either, wait_for
-from ledger_sql import query, scalar
+from ledger_sql import query, scalar, tables
 from once.ledger import parse_url
 from once.ledger.fleet import UNUSUAL_TALLY
 from once.ledger.pg_claim import stored_claim
@@ -454,3 +454,22 @@ def _has_open(pid: int, path: str) -> bool:
         return any(os.path.realpath(fd) == path for fd in Path(f"/proc/{pid}/fd").iterdir())
     except OSError:  # it has ended
         return False
+
+
+# -- the suite's own ledgers (tests/conftest.py ledger_url) ----------------------------------
+
+
+def test_a_test_gets_an_empty_ledger(ledger_url: str) -> None:
+    assert tables(ledger_url) == set()
+
+
+@pytest.mark.tables_made
+def test_a_test_marked_tables_made_gets_the_tables_of_this_once(ledger_url: str) -> None:
+    assert {"once_runs", "once_attempts", "once_jobs"} <= tables(ledger_url)
+    assert scalar(ledger_url, "SELECT value FROM once_meta WHERE name = 'schema_version'") \
+        == str(SCHEMA_VERSION)
+
+
+@pytest.mark.tables_made(False)
+def test_tables_made_false_keeps_the_ledger_empty(ledger_url: str) -> None:
+    assert tables(ledger_url) == set()

@@ -21,6 +21,8 @@ import pytest
 from helpers import ONCE, run_once, wait_for
 from procs import Terminal, start_once
 
+pytestmark = pytest.mark.tables_made  # none is about a first use
+
 sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 
 NAMES = ("monthly-close-of-books", "nightly-invoices", "hourly-sync", "backup-eu-west-1")

@@ -27,6 +27,8 @@ from private_postgres import PrivatePostgres
 from procs import start_once
 from serving import Answer, Served, ServedHere, families, samples
 
+pytestmark = pytest.mark.tables_made  # but where a test says otherwise
+
 HTML = "text/html; charset=utf-8"
 TEXT = "text/plain; charset=utf-8"
 METRICS = "text/plain; version=0.0.4; charset=utf-8"
@@ -99,6 +101,7 @@ def test_each_endpoint_answers_with_its_status_and_content_type(
     assert server.get("/healthz").text == "ok\n"
 
 
+@pytest.mark.tables_made(False)  # an empty ledger
 def test_an_empty_ledger_is_an_empty_fleet(once_env: dict[str, str],
                                            serve: Callable[..., ServedHere]) -> None:
     server = serve(env=once_env)  # nothing has run: no tables (SQLite: no file); none made

@@ -15,6 +15,8 @@ import pytest
 from helpers import run_once
 from serving import Answer, ServedHere, sent
 
+pytestmark = pytest.mark.tables_made  # none is about a first use
+
 JOB = "rebind-target"
 SECRET = "tok-7f3a9c"  # in the job's output tail: what a rebinding page is after
 PATHS = ("/", "/api/status", "/api/status?limit=1", f"/logs/{JOB}", f"/job/{JOB}", "/metrics",

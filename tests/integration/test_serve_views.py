@@ -26,6 +26,8 @@ from once.serve.data import read_fleet
 from once.serve.overview import Listing
 from serving import ServedHere
 
+pytestmark = pytest.mark.tables_made  # none is about a first use
+
 sqlite_only = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 HOSTILE_OUTPUT = "step 1\n<script>alert(1)</script>\x1b[2J\nerror: <b>disk</b> full\n"
 

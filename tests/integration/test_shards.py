@@ -29,7 +29,7 @@ from helpers import ONCE, release_together, run_either, wait_for
 from ledger_sql import query, scalar
 from procs import alive, parent, pids, start_once
 
-pytestmark = pytest.mark.usefixtures("ledger_url")
+pytestmark = [pytest.mark.usefixtures("ledger_url"), pytest.mark.tables_made]
 
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ from procs import alive, pids, start_once
 SEE_AND_WRITE = ["sh", "-c", 'printf "%s|%s\\n" "$ONCE_PERIOD" "$ONCE_STATE" >> "$LOG"; '
                  'printf "%s\\n" "$ONCE_PERIOD" > "$ONCE_STATE_OUT"']
 
-pytestmark = pytest.mark.usefixtures("ledger_url")
+pytestmark = [pytest.mark.usefixtures("ledger_url"), pytest.mark.tables_made]
 
 
 def set_state(env: dict[str, str], job: str, value: str) -> None:

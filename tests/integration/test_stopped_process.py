@@ -38,6 +38,8 @@ from helpers import ONCE, wait_for
 from ledger_sql import lock_run_rows, query
 from procs import stat
 
+pytestmark = pytest.mark.tables_made  # none is about a first use
+
 # The owner: once.claim with a 2 s promise (a renewal every 2/3 s); its connection wrapped so
 # that the process stops itself once the driver has run the first statement that begins
 # with one of argv[3]'s (`|` between them), once.

@@ -27,7 +27,7 @@ from ledger_sql import placeholders, query
 from once.ledger import parse_url
 from procs import Terminal, start_once
 
-pytestmark = pytest.mark.usefixtures("ledger_url")
+pytestmark = [pytest.mark.usefixtures("ledger_url"), pytest.mark.tables_made]
 
 STOPS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
 DAYS = ["--since", "2026-10-01", "--until", "2026-10-05"]
