@@ -93,3 +93,40 @@ def test_a_stop_signal_during_a_hook_ends_once_as_pid_1_with_its_status(
     assert (outer.returncode, err) == (143, "")
     assert list((tmp_path / "tmp").iterdir()) == []
     assert query(ledger_url, "SELECT status FROM once_runs") == [("done",)]
+
+
+# A hook that says it started, then waits for the test's word before it ends.
+PATIENT_HOOK = ('touch "$DIR/hook.started"; while [ ! -e "$DIR/release" ]; do sleep 0.05; done; '
+                'touch "$DIR/hook.ended"')
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("many", [["--catchup", "3"], ["--shards", "3", "--all-shards"]],
+                         ids=["catchup", "all-shards"])
+def test_a_run_of_many_lets_its_hook_end_then_stops(once_env: dict[str, str], ledger_url: str,
+                                                    tmp_path: Path, many: list[str]) -> None:
+    # A catch-up and --all-shards hold a stop signal for the whole run: the hook in hand runs
+    # to its end (docs/how-to/pings-and-hooks.md), then nothing more starts.
+    env = {**once_env, "DIR": str(tmp_path)}
+    run = [ONCE, "run", "--job", "hooked", "--every", "day"]
+    if "--catchup" in many:  # three days ago done: two days and today to make up
+        assert subprocess.run([*run, "--lag", "3", "--", "true"], env=env).returncode == 0
+    proc = subprocess.Popen([*run, *many, "--on-success", PATIENT_HOOK, "--", "true"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (tmp_path / "hook.started").exists() or proc.poll() is not None,
+                 timeout=60, what="the first hook to start")
+        proc.send_signal(signal.SIGTERM)
+        # Held: once waits for its hook, which waits for the word.
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1)
+        (tmp_path / "release").touch()
+        _out, err = proc.communicate(timeout=40)
+    finally:
+        reaped(proc, 10)
+    assert proc.returncode == 143, err
+    assert (tmp_path / "hook.ended").exists()
+    assert "stopped by SIGTERM" in err and "left for the next fire" in err, err
+    done = 2 if "--catchup" in many else 1  # the first catch-up's, and the one in hand
+    assert query(ledger_url, "SELECT status, COUNT(*) FROM once_runs GROUP BY status") == [
+        ("done", done)]
