@@ -144,10 +144,14 @@ class GaleraCluster:
                                f"mariadb-server, galera-4 and rsync)")
         _reclaim_abandoned()
         self.ports, self.block_lock = _free_block()
-        self.root = Path(tempfile.mkdtemp(prefix="once-galera-"))
-        (self.root / "session.pid").write_text(str(os.getpid()))
-        (self.root / "ports").write_text(str(self.ports.base))
-        self._own(self.root)
+        try:
+            self.root = Path(tempfile.mkdtemp(prefix="once-galera-"))
+            (self.root / "session.pid").write_text(str(os.getpid()))
+            (self.root / "ports").write_text(str(self.ports.base))
+            self._own(self.root)
+        except BaseException:  # no cluster: its block is not this session's to hold
+            os.close(self.block_lock)
+            raise
 
     # -- life ----------------------------------------------------------------------------
 
