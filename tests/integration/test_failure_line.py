@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from helpers import run_once
+
+pytestmark = pytest.mark.tables_made  # none is about a first use
 
 FAIL = ["--", "sh", "-c", "echo oops >&2; exit 3"]
 

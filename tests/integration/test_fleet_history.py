@@ -12,7 +12,11 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from helpers import run_either
+
+pytestmark = pytest.mark.tables_made  # but where a test says otherwise
 
 
 def once(env: dict[str, str], *args: str) -> Any:
@@ -62,6 +66,7 @@ def test_history_without_a_job_lists_the_fleets_latest_attempts(
     assert lines[2].startswith("busy ") and len(lines) == 3
 
 
+@pytest.mark.tables_made(False)  # an empty ledger
 def test_history_of_an_empty_ledger_and_period_without_job(once_env: dict[str, str]) -> None:
     result = once(once_env, "history")
     assert result.returncode == 0 and result.stdout == ""

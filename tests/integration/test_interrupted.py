@@ -15,10 +15,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from helpers import run_once, wait_for
 from ledger_sql import placeholders, query
 from procs import start_once
 from serving import Served
+
+pytestmark = pytest.mark.tables_made  # none is about a first use
 
 
 def today() -> str:

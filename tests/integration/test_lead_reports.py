@@ -24,6 +24,8 @@ import pytest
 from helpers import ONCE, run_either, run_here, wait_for
 from serving import ServedHere
 
+pytestmark = pytest.mark.tables_made  # but where a test says otherwise
+
 LEASE = 3.0
 
 
@@ -268,6 +270,7 @@ def test_check_reports_a_name_without_a_leader_past_its_lease(
         "ended"] == "released"
 
 
+@pytest.mark.tables_made(False)  # its ledger is made as the test says
 def test_a_ledger_without_the_lease_tables_reports_no_lead(
         once_env: dict[str, str], ledger_url: str) -> None:
     """A ledger made before `once lead` (its tables dropped here): the reports say what they

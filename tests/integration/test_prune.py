@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from helpers import run_either
 from ledger_sql import query
+
+pytestmark = pytest.mark.tables_made  # none is about a first use
 
 
 def test_prune_keeps_running_failed_and_the_done_rows_after_them(once_env: dict[str, str],
