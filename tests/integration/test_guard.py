@@ -624,3 +624,29 @@ def test_a_stop_signal_that_reaches_the_kept_guard_before_its_command_stops_the_
     assert [key for key, _ in period_log(tmp_path)] == ["2026-01-01T00:00+00:00"], err
     assert query(f"sqlite:///{tmp_path / 'ledger.db'}", "SELECT status, exit_code FROM "
                  f"once_runs WHERE period = '{SECOND}'") == [("failed", 143)]
+
+
+def test_a_guard_killed_after_a_forwarded_signal_leaves_one_line(
+        env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
+    # A SIGTERM forwarded, then the guard killed from outside before it reported the
+    # command's end: two lines said two things of one attempt ("recorded failed", then
+    # "recorded failed (interrupted ...)").
+    owner = start_once("run", "--job", "guard", *DAY, "--stale-after", CALM, "--", "sh", "-c",
+                       SLEEPER, env=env)
+    (shell, sleeper), guard = started(tmp_path)
+    os.kill(guard, signal.SIGSTOP)  # it reports nothing: the command's end stays unknown
+    try:
+        owner.send_signal(signal.SIGTERM)
+        wait_for(lambda: not alive(shell) and not alive(sleeper), timeout=10,
+                 what="the forwarded SIGTERM to end the command")
+    finally:
+        os.kill(guard, signal.SIGKILL)
+    status = owner.wait(30)
+    err = owner.stderr.read() if owner.stderr else ""
+    assert status == 137, err
+    (line,) = err.splitlines()
+    assert "SIGTERM received and forwarded to the command; once's guard process was killed " \
+        "by signal 9" in line, line
+    assert line.endswith("recorded failed (interrupted: not counted against --max-attempts)")
+    assert query(ledger_url, "SELECT status, exit_code FROM once_runs") == [("failed", 137)]
+    assert query(ledger_url, "SELECT outcome FROM once_attempts") == [("interrupted",)]

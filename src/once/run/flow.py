@@ -303,7 +303,8 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
         return Result("fenced-out", EXIT_FENCED_OUT, outcome.output)
     if outcome.kind == "exec-failed":
         say(f"cannot run {command[0]!r}: {outcome.message}", settings, ERROR, "exec-failed")
-    if outcome.kind == "guard-died":  # the group is dead: the failure may be retried at once
+    if outcome.kind == "guard-died" and outcome.interrupted_by is None:  # (else: _recorded's)
+        # The group is dead: the failure may be retried at once.
         say(f"{what}: {outcome.message}; recorded failed", settings, ERROR, "guard-died")
     if state_error:
         say(f"{what}: {state_error}; recorded failed", settings, ERROR, "bad-state")
@@ -375,8 +376,9 @@ def _recorded(what: str, outcome: Outcome, status: outcomes.Status, settings: Se
         from once.run.stops import NOT_STARTED, signal_name
 
         how = ("before its command started, which was not started" if outcome.message ==
-               NOT_STARTED else f"and forwarded to the command, which ended with status "
-               f"{outcome.status}")
+               NOT_STARTED else f"and forwarded to the command; {outcome.message}"
+               if outcome.kind == "guard-died" else f"and forwarded to the command, which "
+               f"ended with status {outcome.status}")
         say(f"{what}: {signal_name(outcome.interrupted_by)} received {how}; recorded failed "
             f"(interrupted: not counted against --max-attempts)", settings, ERROR,
             "interrupted")
