@@ -650,3 +650,24 @@ def test_a_guard_killed_after_a_forwarded_signal_leaves_one_line(
     assert line.endswith("recorded failed (interrupted: not counted against --max-attempts)")
     assert query(ledger_url, "SELECT status, exit_code FROM once_runs") == [("failed", 137)]
     assert query(ledger_url, "SELECT outcome FROM once_attempts") == [("interrupted",)]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_guard_death_whose_result_the_ledger_refuses_is_one_line(
+        env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
+    # "recorded failed" was said before the write, then "was not recorded" after it.
+    owner = start_once("run", "--job", "guard", *DAY, "--stale-after", CALM, "--", "sh", "-c",
+                       SLEEPER, env=env)
+    (_shell, _sleeper), guard = started(tmp_path)
+    # The final write sets the status; a renewal does not.
+    query(ledger_url, "CREATE TRIGGER refuse BEFORE UPDATE OF status ON once_runs "
+                      "BEGIN SELECT RAISE(ABORT, 'refused by a trigger'); END")
+    os.kill(guard, signal.SIGKILL)
+    status = owner.wait(30)
+    err = owner.stderr.read() if owner.stderr else ""
+    assert status == 75, err
+    (line,) = err.splitlines()
+    assert "once's guard process was killed by signal 9; the command was killed with it; " \
+        "the ledger refused the write, the result (failed) was not recorded" in line, line
+    assert "recorded failed" not in line
+    assert query(ledger_url, "SELECT status FROM once_runs") == [("running",)]

@@ -303,19 +303,22 @@ def _run_claimed(ledger: Ledger, job: Job, period: Period, key: str, shard: int 
         return Result("fenced-out", EXIT_FENCED_OUT, outcome.output)
     if outcome.kind == "exec-failed":
         say(f"cannot run {command[0]!r}: {outcome.message}", settings, ERROR, "exec-failed")
-    if outcome.kind == "guard-died" and outcome.interrupted_by is None:  # (else: _recorded's)
-        # The group is dead: the failure may be retried at once.
-        say(f"{what}: {outcome.message}; recorded failed", settings, ERROR, "guard-died")
-    if state_error:
-        say(f"{what}: {state_error}; recorded failed", settings, ERROR, "bad-state")
+    # A failure the command did not make, said with what became of the result (an
+    # interrupted guard death is said by _recorded's line).
+    died = outcome.kind == "guard-died" and outcome.interrupted_by is None
+    cause = outcome.message if died else state_error
     status = outcomes.status(outcome.succeeded, bool(state_error))
     history = outcomes.history(outcome.kind, outcome.succeeded,
                                outcome.interrupted_by is not None, bool(state_error))
     recorded = attempt.record_result(ledger, job, key, claim, status, outcome.status, history,
                                      lease, new_state, outcome.output)
     if not recorded:
-        return _not_recorded(ledger, job, key, claim, what, recorded is None, status,
+        head = f"{what}: {cause};" if cause else f"{what}:"
+        return _not_recorded(ledger, job, key, claim, head, recorded is None, status,
                              new_state, outcome.output, lease, settings)
+    if cause:  # (a guard death: the group is dead, the failure may be retried at once)
+        say(f"{what}: {cause}; recorded failed", settings, ERROR,
+            "guard-died" if died else "bad-state")
     later = attempt.next_step(ledger, job, key, claim) if status == "failed" else ""
     return _recorded(what, outcome, status, settings, later)
 
@@ -341,21 +344,22 @@ def _run_command(ledger: Ledger, job: Job, period: Period, shard: int | None, cl
     return outcome, new_state, state_error
 
 
-def _not_recorded(ledger: Ledger, job: Job, key: str, claim: Claim, what: str,
+def _not_recorded(ledger: Ledger, job: Job, key: str, claim: Claim, head: str,
                   trouble: bool, status: outcomes.Status, new_state: str | None,
                   output: bytes | None, lease: Lease, settings: Settings) -> Result:
     """The final write did not land: the ledger stayed unreachable or refused it, or the row
-    is no longer ours (its output is then kept in the attempt's own row)."""
+    is no longer ours (its output is then kept in the attempt's own row). `head` starts the
+    line: the attempt, and the cause of a failure the command did not make."""
     from once.run import attempt
 
     if trouble:
         line, event = attempt.unrecorded(lease, status, claim.attempt, job.max_attempts)
-        say(f"{what}: {line}", settings, ERROR, event)
+        say(f"{head} {line}", settings, ERROR, event)
         return Result("unreachable", EXIT_LEDGER, output)
     moved = new_state is not None and ledger.state(job.name)[1] != claim.state_version
     why = ("the job's watermark moved while the command ran" if moved
            else attempt.lost_reason(ledger, job.name, key, claim))
-    say(f"{what}: fenced out: the final write matched no row ({why}); nothing was "
+    say(f"{head} fenced out: the final write matched no row ({why}); nothing was "
         f"recorded", settings, ERROR, "fenced-out")
     attempt.keep_output(ledger, job, key, claim, output, lease)
     return Result("fenced-out", EXIT_FENCED_OUT, output)
