@@ -671,3 +671,47 @@ def test_a_guard_death_whose_result_the_ledger_refuses_is_one_line(
         "the ledger refused the write, the result (failed) was not recorded" in line, line
     assert "recorded failed" not in line
     assert query(ledger_url, "SELECT status FROM once_runs") == [("running",)]
+
+
+def test_as_pid_1_a_look_between_waits_reaps_orphans_but_never_the_guard() -> None:
+    # As PID 1 the wrapper reaps every orphan between its waits; it reaped the guard too, so
+    # that the kills it then sent to the group (the guard's pid) could reach a newcomer given
+    # that number (an outside attacker's finding). Run in a child of its own: a look at
+    # every child must see none of pytest's.
+    from once.run.wrapper import _Supervisor
+
+    def experiment() -> int:
+        guard = os.fork()
+        if guard == 0:
+            os._exit(7)
+        orphan = os.fork()
+        if orphan == 0:
+            os._exit(0)
+        os.waitid(os.P_PID, orphan, os.WEXITED | os.WNOWAIT)  # both have ended
+        os.waitid(os.P_PID, guard, os.WEXITED | os.WNOWAIT)
+        supervisor = _Supervisor(None, 1.0, None)
+        supervisor.guard, supervisor.reap_all = guard, True
+        for _ in range(3):
+            supervisor._reap(block=False)
+        if supervisor.guard_status is not None:
+            return 1  # the guard was reaped between waits
+        if os.waitid(os.P_PID, guard, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return 2  # the guard is gone
+        supervisor._reap(block=True)  # the machine's Reap, after its kills
+        if supervisor.guard_status is None or os.waitstatus_to_exitcode(
+                supervisor.guard_status) != 7:
+            return 3
+        try:
+            os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return 0  # every child reaped, the orphan too
+        return 4
+
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            code = experiment()
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0

@@ -343,8 +343,8 @@ class _Supervisor:
     def _perform(self, actions: list[machine.Action]) -> None:
         for action in actions:
             if isinstance(action, machine.Kill):
-                # The group keeps the guard's pid as its id while any member lives, even
-                # after the guard is reaped, so this never reaches a stranger.
+                # Sent before the guard is reaped (_reap), as PID 1 too: the group's id, the
+                # guard's pid, is no stranger's.
                 with suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.guard, action.number)
             elif isinstance(action, machine.StepDown):
@@ -447,8 +447,14 @@ class _Supervisor:
             os.write(self.wake_w, byte)
 
     def _reap(self, block: bool) -> None:
-        """Collect the guard's status (and, as PID 1, every orphan's)."""
+        """Collect the guard's status (and, as PID 1, every orphan's). A look that does not
+        block leaves the guard unreaped (its status is taken when the machine says Reap,
+        after its last kills): its pid is the group's id, no one else's while it is ours."""
         while self.guard_status is None or self.reap_all:
+            if self.reap_all and not block:
+                if self._reap_orphan():
+                    continue
+                return
             target = -1 if self.reap_all else self.guard
             waiting = block and self.guard_status is None
             try:
@@ -459,6 +465,19 @@ class _Supervisor:
                 return
             if pid == self.guard:
                 self.guard_status = status
+
+    def _reap_orphan(self) -> bool:
+        """As PID 1, between waits: reap one child that has ended, unless it is the guard
+        (reaped, the group's id freed for a newcomer, before the kills the machine then sent
+        to the group: an outside attacker's finding)."""
+        try:
+            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return False
+        if ended is None or ended.si_pid == self.guard:
+            return False
+        os.waitpid(ended.si_pid, 0)
+        return True
 
 def _deadline_pipe() -> tuple[int, int]:
     pipe = os.pipe()
