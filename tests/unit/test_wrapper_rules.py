@@ -31,12 +31,13 @@ class Run:
     """One command under the machine: a fake clock, a fake lease, the actions of each turn."""
 
     def __init__(self, grace: float = 1.0, timeout: float | None = None,
-                 stale_after: float | None = None, kept_guard: bool = False) -> None:
+                 stale_after: float | None = None, kept_guard: bool = False,
+                 end_group: bool = False) -> None:
         self.now = 100.0
         self.lease = None if stale_after is None else {
             "deadline": self.now + stale_after, "lost": False, "last_sent": self.now,
             "interval": stale_after / 3}
-        self.state = machine.start(self.now, grace, timeout, kept_guard)
+        self.state = machine.start(self.now, grace, timeout, kept_guard, end_group)
         self.actions: list[list[machine.Action]] = []
 
     @property
@@ -72,6 +73,15 @@ def test_a_command_that_ends_is_reaped_and_nothing_is_killed() -> None:
     assert run.outcome() == machine.Outcome("exited", 0)
     assert run.outcome().succeeded
 
+
+def test_with_end_group_the_group_is_killed_before_the_guard_is_reaped() -> None:
+    # once lead: what a term left dies with it; killed while the guard, whose pid is the
+    # group's number, is not reaped yet (after, the number may be a newcomer's).
+    run = Run(end_group=True)
+    assert run.turn(Report(STARTED)) == []
+    assert run.turn(Report(b"exit 0\n")) == []
+    assert run.turn(EOF) == [Kill(KILL), Reap()]
+    assert run.outcome() == machine.Outcome("exited", 0)  # the command's own end, unchanged
 
 @pytest.mark.parametrize(("lines", "outcome"), [
     (b"started\nexit 3\n", machine.Outcome("exited", 3)),

@@ -143,16 +143,17 @@ class State(Frozen):
     killed_first: bool  # SIGKILL went to the group before the guard's report was complete
     kept: bool  # GONE, the kept guard waiting for the next period
     stopped_late: bool  # a stop signal went to the group after the command had ended
+    end_group: bool  # nothing of the group outlives the command (once lead's terms)
 
     def __init__(self, phase: Phase, grace: float, kept_guard: bool, timeout_at: float | None,
                  kill_at: float | None = None, stopped_at: float | None = None,
                  why: Kind | None = None, forwarded: int | None = None, report: bytes = b"",
                  beating: bool = False, killed_first: bool = False, kept: bool = False,
-                 stopped_late: bool = False) -> None:
+                 stopped_late: bool = False, end_group: bool = False) -> None:
         self._set(phase=phase, grace=grace, kept_guard=kept_guard, timeout_at=timeout_at,
                   kill_at=kill_at, stopped_at=stopped_at, why=why, forwarded=forwarded,
                   report=report, beating=beating, killed_first=killed_first, kept=kept,
-                  stopped_late=stopped_late)
+                  stopped_late=stopped_late, end_group=end_group)
 
     def but(self, **changes: Any) -> State:
         """A copy with `changes`."""
@@ -179,9 +180,12 @@ class State(Frozen):
         return self.kept_guard and b"ready" in self.report.splitlines()
 
 
-def start(now: float, grace: float, timeout: float | None, kept_guard: bool = False) -> State:
-    """The state when the command is on its way."""
-    return State(Phase.RUNNING, grace, kept_guard, now + timeout if timeout else None)
+def start(now: float, grace: float, timeout: float | None, kept_guard: bool = False,
+          end_group: bool = False) -> State:
+    """The state when the command is on its way. end_group: the group is killed when the
+    guard's report is complete, whatever the command's end (once lead: what a term left)."""
+    return State(Phase.RUNNING, grace, kept_guard, now + timeout if timeout else None,
+                 end_group=end_group)
 
 
 # -- the rules ----------------------------------------------------------------------------------
@@ -269,10 +273,12 @@ def _conclude(state: State, actions: list[Action]) -> State:
     """The guard's report is complete: the guard is gone, or a kept guard waits."""
     ready = state.ready
     if (not state.ended or state.why is not None or state.forwarded is not None
-            or state.stopped_late or b"lapsed " in state.report or (ready and state.killed)):
+            or state.stopped_late or b"lapsed " in state.report or (ready and state.killed)
+            or state.end_group):
         # The guard died before the command's end (killed: the command got its parent-death
         # signal), or we were stopping the command and it has ended: nothing it started may
-        # carry on (a shell's child that ignores SIGTERM, say). A SIGKILL cannot be caught:
+        # carry on (a shell's child that ignores SIGTERM, say); with end_group, whatever
+        # the command's end. A SIGKILL cannot be caught:
         # once it is sent, no process of the group runs another instruction of its own. Sent
         # before the guard is reaped, while its pid (the group's id) cannot be reused.
         actions.append(Kill(_KILL))

@@ -74,7 +74,7 @@ def run(
     if lease is not None and not _fresh(lease, grace):
         lease.step_down_reason()
         return Outcome("fenced-out", 0, message="the command was not started")
-    supervisor = _Supervisor(lease, grace, timeout, kept)
+    supervisor = _Supervisor(lease, grace, timeout, kept, end_group)
     relay = _relay(output_tail)
     spawn = kept.spawn if kept is not None else _guard.spawn
     # Handlers go in before the fork: a signal that arrives while the guard starts is
@@ -119,15 +119,16 @@ def run(
 
 
 def _end_group(group: int, reap_all: bool, patience: float = 5.0) -> None:
-    """SIGKILL what is left of the command's process group (the guard led it; the group keeps
-    its id while a member lives) and wait until none is: a leftover would outlive the term
-    that started it. As PID 1 the orphans are ours to reap."""
+    """Wait until nothing is left of the command's group, SIGKILLed by the machine (end_group)
+    before the guard who led it was reaped: a leftover would outlive its term. Only signal 0
+    goes to it now: an emptied group's number may be a newcomer's (an outside attacker's
+    finding: a SIGKILL sent here, after a look). As PID 1 the orphans are ours to reap."""
     import time
 
     give_up = lease_now() + patience
     while lease_now() < give_up and not _guard.group_taken(group):  # the guard is reaped
         try:
-            os.killpg(group, signal.SIGKILL)
+            os.killpg(group, 0)
         except (ProcessLookupError, PermissionError):
             return
         if reap_all:
@@ -194,12 +195,13 @@ class _Supervisor:
     step-down, the heartbeat, the guard's reaping)."""
 
     def __init__(self, lease: Lease | None, grace: float, timeout: float | None,
-                 keeper: Keeper | None = None) -> None:
+                 keeper: Keeper | None = None, end_group: bool = False) -> None:
         self.guard, self.report = 0, -1
         self.guard_status: int | None = None
         self.lease, self.grace, self.timeout = lease, grace, timeout
         self.kept_guard = keeper is not None  # its deadline pipe is its keeper's
-        self.state = machine.start(lease_now(), grace, timeout, self.kept_guard)
+        self.end_group = end_group
+        self.state = self._start()
         self.pending: list[int] = []
         self.received: list[int] = []  # every stop signal, in order
         self.interrupted = False  # one of them reached the command
@@ -275,7 +277,7 @@ class _Supervisor:
 
     def wait(self, guard: int, report: int) -> Outcome:
         self.guard, self.report = guard, report
-        self.state = machine.start(lease_now(), self.grace, self.timeout, self.kept_guard)
+        self.state = self._start()
         try:
             self._loop()
             output = self._deliver() if self.relay is not None else None
@@ -296,6 +298,10 @@ class _Supervisor:
         if self.interrupted and self.stop is not None:  # the command had it: once ends as it did
             self.stop.note(self.received[0], forwarded=True)
         return replace(outcome, output=output)
+
+    def _start(self) -> machine.State:
+        return machine.start(lease_now(), self.grace, self.timeout, self.kept_guard,
+                             self.end_group)
 
     def _terms(self) -> machine.Terms | None:
         lease = self.lease
@@ -468,8 +474,7 @@ class _Supervisor:
 
     def _reap_orphan(self) -> bool:
         """As PID 1, between waits: reap one child that has ended, unless it is the guard
-        (reaped, the group's id freed for a newcomer, before the kills the machine then sent
-        to the group: an outside attacker's finding)."""
+        (reaped before the machine's last kills, the group's id was free for a newcomer)."""
         try:
             ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
