@@ -626,6 +626,14 @@ def test_a_stop_signal_that_reaches_the_kept_guard_before_its_command_stops_the_
                  f"once_runs WHERE period = '{SECOND}'") == [("failed", 143)]
 
 
+def _one_line(owner: subprocess.Popen[str], status: int) -> str:
+    """The one line `once` said, once it has exited with `status`."""
+    err = owner.communicate(timeout=30)[1]
+    assert owner.returncode == status, err
+    (line,) = err.splitlines()
+    return str(line)
+
+
 def test_a_guard_killed_after_a_forwarded_signal_leaves_one_line(
         env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
     # A SIGTERM forwarded, then the guard killed from outside before it reported the
@@ -641,10 +649,7 @@ def test_a_guard_killed_after_a_forwarded_signal_leaves_one_line(
                  what="the forwarded SIGTERM to end the command")
     finally:
         os.kill(guard, signal.SIGKILL)
-    status = owner.wait(30)
-    err = owner.stderr.read() if owner.stderr else ""
-    assert status == 137, err
-    (line,) = err.splitlines()
+    line = _one_line(owner, 137)
     assert "SIGTERM received and forwarded to the command; once's guard process was killed " \
         "by signal 9" in line, line
     assert line.endswith("recorded failed (interrupted: not counted against --max-attempts)")
@@ -663,10 +668,7 @@ def test_a_guard_death_whose_result_the_ledger_refuses_is_one_line(
     query(ledger_url, "CREATE TRIGGER refuse BEFORE UPDATE OF status ON once_runs "
                       "BEGIN SELECT RAISE(ABORT, 'refused by a trigger'); END")
     os.kill(guard, signal.SIGKILL)
-    status = owner.wait(30)
-    err = owner.stderr.read() if owner.stderr else ""
-    assert status == 75, err
-    (line,) = err.splitlines()
+    line = _one_line(owner, 75)
     assert "once's guard process was killed by signal 9; the command was killed with it; " \
         "the ledger refused the write, the result (failed) was not recorded" in line, line
     assert "recorded failed" not in line
