@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import suppress
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -216,7 +217,6 @@ def test_the_timeout_grace_sleeps(sqlite_env: dict[str, str], tmp_path: Path) ->
 # -- --kill-after must fit --stale-after -------------------------------------------------------
 
 
-@pytest.mark.tables_made(False)  # an empty ledger
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["run", "catchup", "environment"])
 def test_a_kill_after_that_does_not_fit_stale_after_is_a_usage_error(
@@ -226,7 +226,9 @@ def test_a_kill_after_that_does_not_fit_stale_after_is_a_usage_error(
     if how == "environment":
         env["ONCE_RUN_KILL_AFTER"], given = "2s", []
     command = "catchup" if how == "catchup" else "run"
-    extra = ["--since", "2026-01-01"] if how == "catchup" else []
+    # A few days to make up (from 2026-01-01 it was hundreds: past run_once's minute under load).
+    since = (datetime.now(UTC) - timedelta(days=3)).date().isoformat()
+    extra = ["--since", since] if how == "catchup" else []
     result = run_once(command, "--job", "fit", *DAY, *extra, "--stale-after", "3s", *given,
                       "--", "touch", str(tmp_path / "ran"), env=env)
     assert result.returncode == 2, result.stderr
@@ -675,11 +677,12 @@ def test_a_guard_death_whose_result_the_ledger_refuses_is_one_line(
     assert query(ledger_url, "SELECT status FROM once_runs") == [("running",)]
 
 
-def test_as_pid_1_a_look_between_waits_reaps_orphans_but_never_the_guard() -> None:
+def test_the_guard_is_reaped_only_after_the_group_s_last_signal() -> None:
     # As PID 1 the wrapper reaps every orphan between its waits; it reaped the guard too, so
     # that the kills it then sent to the group (the guard's pid) could reach a newcomer given
-    # that number (an outside attacker's finding). Run in a child of its own: a look at
-    # every child must see none of pytest's.
+    # that number (an outside attacker's finding). The guard's status is taken unreaped;
+    # _release reaps it, after the group's last signal. Run as PID 1 would (every child
+    # looked at), in a child of its own: it must see none of pytest's.
     from once.run.wrapper import _Supervisor
 
     def experiment() -> int:
@@ -695,14 +698,15 @@ def test_as_pid_1_a_look_between_waits_reaps_orphans_but_never_the_guard() -> No
         supervisor.guard, supervisor.reap_all = guard, True
         for _ in range(3):
             supervisor._reap(block=False)
-        if supervisor.guard_status is not None:
-            return 1  # the guard was reaped between waits
         if os.waitid(os.P_PID, guard, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-            return 2  # the guard is gone
-        supervisor._reap(block=True)  # the machine's Reap, after its kills
+            return 1  # the guard was reaped between waits
+        supervisor._reap(block=True)  # the machine's Reap: its status, still unreaped
         if supervisor.guard_status is None or os.waitstatus_to_exitcode(
                 supervisor.guard_status) != 7:
             return 3
+        if os.waitid(os.P_PID, guard, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return 5  # reaped before the group's last signal could go
+        supervisor._release()
         try:
             os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:

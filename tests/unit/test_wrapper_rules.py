@@ -378,9 +378,9 @@ def test_a_kept_guard_that_dies_between_its_lines_is_a_guard_death() -> None:
 
 @pytest.fixture
 def shell(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[Any]]]:
-    """killpg and waitpid recorded, not performed; the guard's pid a fake one, whose command
-    the kernel cannot be asked about."""
-    calls: dict[str, list[Any]] = {"killpg": [], "waitpid": []}
+    """killpg, waitid and waitpid recorded, not performed; the guard's pid a fake one, whose
+    command the kernel cannot be asked about (it ends with exit status 0)."""
+    calls: dict[str, list[Any]] = {"killpg": [], "waitid": [], "waitpid": []}
     monkeypatch.setattr(wrapper._guard, "command_gone", lambda guard: False)
     monkeypatch.setattr(os, "killpg", lambda pid, sig: calls["killpg"].append((pid, sig)))
 
@@ -388,7 +388,12 @@ def shell(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[Any]]]:
         calls["waitpid"].append(pid)
         return pid, 0
 
+    def waitid(_idtype: int, pid: int, _options: int) -> os.waitid_result:
+        calls["waitid"].append(pid)
+        return os.waitid_result((pid, 0, signal.SIGCHLD, 0, os.CLD_EXITED))
+
     monkeypatch.setattr(os, "waitpid", waitpid)
+    monkeypatch.setattr(os, "waitid", waitid)
     yield calls
 
 

@@ -224,6 +224,33 @@ def command_gone(guard: int) -> bool:
 _PF_EXITING = 0x4  # the kernel's task flag: do_exit has begun
 
 
+def await_group_end(group: int, reap_all: bool, patience: float = 5.0) -> None:
+    """Wait until nothing is left of the command's group, SIGKILLed by the machine (end_group)
+    before the guard who led it was reaped: a leftover would outlive its term. Only signal 0
+    goes to it now: an emptied group's number may be a newcomer's (an outside attacker's
+    finding: a SIGKILL sent here, after a look). As PID 1 the orphans are ours to reap."""
+    import time
+
+    give_up = lease_now() + patience
+    while lease_now() < give_up and not group_taken(group):  # the guard is reaped
+        try:
+            os.killpg(group, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        if reap_all:
+            with suppress(ChildProcessError):
+                while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                    pass
+        time.sleep(0.01)
+
+
+def wait_status(ended: os.waitid_result) -> int:
+    """waitpid's status word for what os.waitid said of a child that ended."""
+    if ended.si_code == os.CLD_EXITED:
+        return (ended.si_status & 0xFF) << 8
+    return ended.si_status | (0x80 if ended.si_code == os.CLD_DUMPED else 0)
+
+
 def group_taken(group: int) -> bool:
     """Whether the number of the process group the guard led, the guard reaped, is known to
     be a stranger's now: a process has it as its pid. A group keeps its number while a

@@ -105,7 +105,7 @@ def run(
                     outcome.status == 128 + signal.SIGINT):
                 stop.note(signal.SIGINT, forwarded=True)  # Ctrl-C: to the command alone
             if end_group:
-                _end_group(guard, supervisor.reap_all)
+                _guard.await_group_end(guard, supervisor.reap_all)
             return outcome
         finally:
             if kept is None:
@@ -116,26 +116,6 @@ def run(
                 _guard.take_terminal(tty, os.getpgrp())
             if relay is not None:
                 relay.end(0.0)  # on the way out of an error: no waiting for the rest
-
-
-def _end_group(group: int, reap_all: bool, patience: float = 5.0) -> None:
-    """Wait until nothing is left of the command's group, SIGKILLed by the machine (end_group)
-    before the guard who led it was reaped: a leftover would outlive its term. Only signal 0
-    goes to it now: an emptied group's number may be a newcomer's (an outside attacker's
-    finding: a SIGKILL sent here, after a look). As PID 1 the orphans are ours to reap."""
-    import time
-
-    give_up = lease_now() + patience
-    while lease_now() < give_up and not _guard.group_taken(group):  # the guard is reaped
-        try:
-            os.killpg(group, 0)
-        except (ProcessLookupError, PermissionError):
-            return
-        if reap_all:
-            with suppress(ChildProcessError):
-                while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                    pass
-        time.sleep(0.01)
 
 
 def _relay(output_tail: int) -> Relay | None:
@@ -198,6 +178,7 @@ class _Supervisor:
                  keeper: Keeper | None = None, end_group: bool = False) -> None:
         self.guard, self.report = 0, -1
         self.guard_status: int | None = None
+        self.released = False  # the guard reaped (_release)
         self.lease, self.grace, self.timeout = lease, grace, timeout
         self.kept_guard = keeper is not None  # its deadline pipe is its keeper's
         self.end_group = end_group
@@ -285,6 +266,7 @@ class _Supervisor:
                 self._stop_leftovers(self.pending[0])
         finally:
             self.stop_heartbeat.set()
+            self._release()
         beat = self.beat
         if beat is not None and beat.is_alive():
             # A renewal in flight normally returns at once; one stuck in a hung server is
@@ -349,7 +331,7 @@ class _Supervisor:
     def _perform(self, actions: list[machine.Action]) -> None:
         for action in actions:
             if isinstance(action, machine.Kill):
-                # Sent before the guard is reaped (_reap), as PID 1 too: the group's id, the
+                # Sent before the guard is reaped (_release): the group's number, the
                 # guard's pid, is no stranger's.
                 with suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.guard, action.number)
@@ -399,12 +381,11 @@ class _Supervisor:
         (machine.step), and what the command left in its group gets it, then SIGKILL, as
         there. (It ran on after once had died of the signal: an outside attacker's finding.)
         A kept guard waiting for the next period has nothing of the command's in its group
-        (it is kept only then): it is left alone."""
+        (it is kept only then): it is left alone. The guard is not reaped yet (_release): the
+        group's number is no stranger's."""
         if self.state.kept:
             return
         for sig in (number, signal.SIGKILL):
-            if _guard.group_taken(self.guard):  # the guard is reaped: its pid is free
-                return
             with suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.guard, sig)
 
@@ -453,36 +434,33 @@ class _Supervisor:
             os.write(self.wake_w, byte)
 
     def _reap(self, block: bool) -> None:
-        """Collect the guard's status (and, as PID 1, every orphan's). A look that does not
-        block leaves the guard unreaped (its status is taken when the machine says Reap,
-        after its last kills): its pid is the group's id, no one else's while it is ours."""
-        while self.guard_status is None or self.reap_all:
-            if self.reap_all and not block:
-                if self._reap_orphan():
-                    continue
-                return
-            target = -1 if self.reap_all else self.guard
-            waiting = block and self.guard_status is None
+        """Take the guard's status without reaping it (block: wait for it), and as PID 1 reap
+        every other child that has ended. Unreaped, the guard keeps its pid, the number of
+        its group, from any newcomer until _release, after the group's last signal (an outside
+        attacker's finding: a signal sent after its reap, the group emptied, hit a newcomer)."""
+        while self.guard_status is None:
+            flags = os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG)
             try:
-                pid, status = os.waitpid(target, 0 if waiting else os.WNOHANG)
+                ended = (os.waitid(os.P_ALL, 0, flags) if self.reap_all
+                         else os.waitid(os.P_PID, self.guard, flags))
             except ChildProcessError:
                 return
-            if pid == 0:
+            if ended is None:
                 return
-            if pid == self.guard:
-                self.guard_status = status
+            if ended.si_pid == self.guard:
+                self.guard_status = _guard.wait_status(ended)
+            else:  # an orphan (PID 1); the first ended child is looked at first
+                os.waitpid(ended.si_pid, 0)
 
-    def _reap_orphan(self) -> bool:
-        """As PID 1, between waits: reap one child that has ended, unless it is the guard
-        (reaped before the machine's last kills, the group's id was free for a newcomer)."""
-        try:
-            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return False
-        if ended is None or ended.si_pid == self.guard:
-            return False
-        os.waitpid(ended.si_pid, 0)
-        return True
+    def _release(self) -> None:
+        """Reap the guard, whose status _reap took (and, as PID 1, what ended meanwhile)."""
+        if self.guard_status is not None and not self.released:
+            self.released = True
+            with suppress(ChildProcessError):
+                os.waitpid(self.guard, 0)
+                while self.reap_all and os.waitpid(-1, os.WNOHANG)[0] > 0:
+                    pass
+
 
 def _deadline_pipe() -> tuple[int, int]:
     pipe = os.pipe()
