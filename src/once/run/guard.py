@@ -238,10 +238,15 @@ def await_group_end(group: int, reap_all: bool, patience: float = 5.0) -> None:
         except (ProcessLookupError, PermissionError):
             return
         if reap_all:
-            with suppress(ChildProcessError):
-                while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                    pass
+            reap_ended()
         time.sleep(0.01)
+
+
+def reap_ended() -> None:
+    """Reap every child that has ended (PID 1's orphans), waiting for none."""
+    with suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
 
 
 def wait_status(ended: os.waitid_result) -> int:

@@ -458,8 +458,8 @@ class _Supervisor:
             self.released = True
             with suppress(ChildProcessError):
                 os.waitpid(self.guard, 0)
-                while self.reap_all and os.waitpid(-1, os.WNOHANG)[0] > 0:
-                    pass
+            if self.reap_all:
+                _guard.reap_ended()
 
 
 def _deadline_pipe() -> tuple[int, int]:
