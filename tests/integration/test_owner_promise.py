@@ -186,6 +186,34 @@ def test_drift_is_decided_inside_the_claim(env: dict[str, str], tmp_path: Path) 
     assert all("last ran a different command" in r.stderr for r in refused)
 
 
+def test_two_commands_of_a_new_job_held_inside_their_claims_run_one(
+        env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
+    """Deterministic form of the race above on PostgreSQL, whose claim of a new job had no
+    row to lock: both hosts read no fingerprint, then wait on once_runs, which the test holds;
+    let go, both ran. Now the second waits before its read, and is refused."""
+    target = parse_url(ledger_url)
+    if target.dialect != "postgresql":
+        pytest.skip("MySQL's locking read of a missing row takes a gap lock; SQLite's claims "
+                    "queue on its write lock")
+    import psycopg
+
+    log = tmp_path / "ran"
+    waiting = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+               "AND datname = current_database()")
+    with psycopg.connect(target.connect_args["conninfo"]) as held:
+        held.execute("LOCK TABLE once_runs IN SHARE MODE")
+        fires = [start_once("run", "--job", "d", *DAY, "--lag", str(lag),
+                            "--require-same-command", "--", "sh", "-c",
+                            f'echo {name} >> "{log}"', name, env=env)
+                 for lag, name in enumerate(["new", "old"])]
+        wait_for(lambda: scalar(ledger_url, waiting) == 2, what="both claims waiting")
+        held.rollback()
+    results = [fire.communicate(timeout=60) for fire in fires]
+    assert len(log.read_text().split()) == 1, results
+    assert sorted(fire.returncode for fire in fires) == [0, 2], results
+    assert any("last ran a different command" in err for _, err in results), results
+
+
 def test_a_rerun_stores_its_fingerprint(env: dict[str, str], ledger_url: str) -> None:
     assert run_once("run", "--job", "f", *DAY, "--", "true", env=env).returncode == 0
     period = scalar(ledger_url, "SELECT period FROM once_runs")

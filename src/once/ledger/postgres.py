@@ -58,6 +58,10 @@ class PostgresLedger(Ledger):
     # One statement, one round trip (once.ledger.pg_claim), and the same without the timeline.
     CLAIM, CLAIM_PLAIN = CLAIM, CLAIM_PLAIN
 
+    # A new job has no row to lock: its name's transaction-scoped advisory lock (the two-key
+    # form, apart from the schema lock's one key) serialises its first claims, then the row's
+    # lock serialises them with older once builds, which take that alone.
+    LOCK_JOB_NAME = "SELECT pg_advisory_xact_lock(1869505381, hashtext(%(job)s))"
     LOCK_JOB = "SELECT 1 FROM once_jobs WHERE job = %(job)s FOR UPDATE"
 
     # A claim --no-overlap rolled back is still a fire, and the flag is the latest claim's.
@@ -300,6 +304,7 @@ class PostgresLedger(Ledger):
         if params["require_same"]:
             # The job row's lock first, so that every claim of the job that committed before
             # is visible to the next statement; the drift is decided before the claim.
+            self._execute(self.LOCK_JOB_NAME, params)
             self._execute(self.LOCK_JOB, params)
             last = self._execute(self.LAST_COMMAND, params).fetchone()
             if last is not None and last[0] != params["command_hash"]:
