@@ -304,3 +304,56 @@ def test_a_late_signal_spares_a_newcomer_that_took_the_group_s_number(
     assert "newcomer alive" in done.stdout, (done.stdout, done.stderr)
     assert "once=143" in lines, (done.stdout, done.stderr)
     assert attempts(ledger_url, "reused") == [(day_key(0), 1, "done", 0)]
+
+
+# Loaded by every Python the test starts (PYTHONPATH): once's import of its command line
+# waits, its mark made, for the test's word, so that a signal comes while once is loading.
+_SLOW_LOAD = '''
+import os, sys, time
+
+_DIR = os.environ.get("ONCE_TEST_LOADING")
+
+
+def _hold(event, args):
+    if event == "import" and args[0] == "once.cli.main":
+        open(os.path.join(_DIR, "loading"), "w").close()
+        until = time.monotonic() + 60
+        while not os.path.exists(os.path.join(_DIR, "go")) and time.monotonic() < until:
+            time.sleep(0.01)
+
+
+if _DIR:
+    sys.addaudithook(_hold)
+'''
+
+
+@pytest.mark.parametrize("command", [["run", "--job", "early", *DAY],
+                                     ["lead", "--name", "early", "--lease", "3s"]],
+                         ids=["run", "lead"])
+def test_a_stop_signal_while_once_loads_ends_it_as_pid_1(env: dict[str, str], tmp_path: Path,
+                                                         ledger_url: str,
+                                                         command: list[str]) -> None:
+    # As PID 1 the kernel drops a signal at its default: a SIGTERM while Python loaded once
+    # (docker stop just after the container's start) was lost, and the command ran to its
+    # end, recorded done (an outside attacker's finding, 5 in 5 at 50 ms).
+    stable_day()
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_SLOW_LOAD)
+    ran = tmp_path / "ran"
+    outer = subprocess.Popen(
+        [*pid_namespace("--mount-proc"), ONCE, *command, "--", "touch", str(ran)],
+        env={**env, "PYTHONPATH": str(hooks), "ONCE_TEST_LOADING": str(tmp_path)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for((tmp_path / "loading").exists, what="once to load its command line")
+        [once] = children(outer.pid)
+        os.kill(once, signal.SIGTERM)
+        (tmp_path / "go").touch()
+        _stdout, stderr = outer.communicate(timeout=60)
+    finally:
+        reaped(outer, 10)
+    assert outer.returncode == 143, stderr
+    assert not ran.exists()
+    table = "once_runs" if command[0] == "run" else "once_lead_terms"
+    assert query(ledger_url, f"SELECT count(*) FROM {table}") == [(0,)]

@@ -6,6 +6,7 @@ it, or after the command has ended, ends `once` as one during a report does (onc
 `once: interrupted`, status 130), never with a traceback. Nothing is imported from
 once.cli.main here: the interrupted import may have left none of it."""
 
+import os
 import sys
 
 TYPE_CHECKING = False  # not typing's, nor __future__'s annotations: imports widen the window
@@ -14,6 +15,8 @@ if TYPE_CHECKING:
 
 
 def main() -> "NoReturn":
+    if os.getpid() == 1:
+        _stop_signals_end_init()
     try:
         from once.cli.main import main as command_line
 
@@ -26,3 +29,20 @@ def main() -> "NoReturn":
         except (OSError, ValueError, AttributeError):  # stderr closed, or None
             pass
         raise SystemExit(130) from None
+
+
+def _stop_signals_end_init() -> None:
+    """As PID 1 (a container's init) the kernel drops a signal whose handler is the default:
+    a SIGTERM or SIGHUP while Python loads once (its first tenth of a second: `docker stop` or
+    the kubelet just after the container starts) was lost, and the command ran to its end (an
+    outside attacker's finding). Until once takes them itself (a claim, a run, a candidate),
+    each ends once as death by it would elsewhere: 128+N. (`_signal`: `signal` imports enum.)"""
+    import _signal  # type: ignore[import-not-found]  # signal's C half, no stubs
+
+    for number in (_signal.SIGTERM, _signal.SIGHUP):
+        if _signal.getsignal(number) == _signal.SIG_DFL:
+            _signal.signal(number, _end_as_init)
+
+
+def _end_as_init(number: int, _frame: object) -> "NoReturn":
+    raise SystemExit(128 + number)
