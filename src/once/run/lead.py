@@ -280,10 +280,11 @@ def _lead_once(elector: Elector, command: Sequence[str], kill_after: float, term
         elector.release(term, "lost")
         return FENCED_OUT, True
     released = elector.release(term)
-    if outcome.kind == "exec-failed":
-        elector.say(f"{name}: the command could not start ({outcome.message}), status "
-                    f"{outcome.status}" + (f"; released term {term}" if released else ""),
-                    "released", ERROR)
+    if outcome.kind in ("exec-failed", "guard-died"):  # said as `once run` says them
+        what = (f"the command could not start ({outcome.message})"
+                if outcome.kind == "exec-failed" else outcome.message)
+        elector.say(f"{name}: {what}, status {outcome.status}"
+                    + (f"; released term {term}" if released else ""), "released", ERROR)
         return outcome.status, False
     stopped = (f" after {signal_name(outcome.interrupted_by)}"
                if outcome.interrupted_by else "")
