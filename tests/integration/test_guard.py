@@ -721,3 +721,46 @@ def test_the_guard_is_reaped_only_after_the_group_s_last_signal() -> None:
         finally:
             os._exit(code)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+# A leads its own group, forks B, B forks C and leaves the group (setsid); C ends, and B,
+# alive, never reaps it; A writes B's pid and ends.
+_ZOMBIE_LEFT = '''
+import os, sys, time
+b = os.fork()
+if b == 0:
+    c = os.fork()
+    if c == 0:
+        time.sleep(0.2)
+        os._exit(0)
+    os.setsid()
+    time.sleep(600)
+    os._exit(0)
+with open(sys.argv[1], "w") as out:
+    out.write(str(b))
+'''
+
+
+def test_the_group_s_end_is_not_waited_for_past_its_last_live_process(tmp_path: Path) -> None:
+    # once lead's end of term waits (signal 0) for its group to be gone: a zombie whose
+    # parent left the group and never reaps it kept signal 0 answering, and the release
+    # waited out its whole patience (an outside attacker's finding: 5 s; a slow init's late
+    # reaping of the killed does the same). Processes that have all ended run nothing.
+    from once.run.guard import await_group_end
+
+    listing = tmp_path / "pids"
+    leader = subprocess.Popen([sys.executable, "-c", _ZOMBIE_LEFT, str(listing)],
+                              process_group=0)
+    leader.wait(timeout=30)
+    group = leader.pid
+    b = int(listing.read_text())
+    try:
+        zombie = wait_for(lambda: next(iter(children(b)), None), what="B's child")
+        wait_for(lambda: stat(zombie) is not None and stat(zombie)[0] == "Z",
+                 what="the zombie left in the group")
+        assert int(stat(zombie)[2]) == group and int(stat(b)[2]) != group
+        began = time.monotonic()
+        await_group_end(group, False, patience=60)
+        assert time.monotonic() - began < 30
+    finally:
+        os.kill(b, signal.SIGKILL)
