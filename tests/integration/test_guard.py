@@ -764,3 +764,52 @@ def test_the_group_s_end_is_not_waited_for_past_its_last_live_process(tmp_path: 
         assert time.monotonic() - began < 30
     finally:
         os.kill(b, signal.SIGKILL)
+
+
+# A leads its group and ends; B, left in it, has its first thread exit (pthread_exit) while
+# a second runs on until the file is there: /proc shows B as a zombie, counting two threads.
+_FIRST_THREAD_GONE = '''
+import ctypes, os, sys, threading, time
+
+def last():
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.01)
+
+b = os.fork()
+if b == 0:
+    threading.Thread(target=last).start()
+    ctypes.CDLL(None).pthread_exit(None)
+print(b, flush=True)
+'''
+
+
+def test_a_process_whose_first_thread_ended_is_waited_for(tmp_path: Path) -> None:
+    # A zombie in /proc is not always an ended process: one whose first thread has exited
+    # shows as one while its other threads run (what the wait for a term's group must not
+    # take for gone).
+    import threading
+
+    from once.run.guard import await_group_end
+
+    release = tmp_path / "release"
+    leader = subprocess.Popen([sys.executable, "-c", _FIRST_THREAD_GONE, str(release)],
+                              process_group=0, stdout=subprocess.PIPE, text=True)
+    released: list[float] = []
+
+    def let_go() -> None:
+        released.append(time.monotonic())
+        release.touch()
+
+    try:
+        assert leader.stdout is not None
+        b = int(leader.stdout.readline())  # (B holds the pipe: no end of it to wait for)
+        leader.wait(timeout=30)
+        wait_for(lambda: (stat(b) or ["gone"])[0] == "Z", what="B's first thread to exit")
+        timer = threading.Timer(1.5, let_go)
+        timer.start()
+        await_group_end(leader.pid, False, patience=60)
+        assert released, "the group was taken for gone while a thread of it ran"
+    finally:
+        release.touch()
+        if leader.stdout is not None:
+            leader.stdout.close()

@@ -258,12 +258,18 @@ def only_zombies(group: int) -> bool:
         for name in os.listdir("/proc"):
             if name.isdigit():
                 with suppress(OSError, IndexError, ValueError):
-                    fields = _stat(name)  # state (field 3), then ppid, pgrp (field 5)
-                    if int(fields[2]) == group and fields[0] not in (b"Z", b"X"):
+                    fields = _stat(name)  # state (field 3), pgrp (5), threads (20)
+                    if int(fields[2]) == group and not _ended(fields):
                         return False
     except OSError:
         return False
     return True
+
+
+def _ended(fields: list[bytes]) -> bool:
+    """A zombie whose every thread has ended: a process whose first thread exited while
+    others run shows as a zombie too, counting them (and itself)."""
+    return fields[0] in (b"Z", b"X") and int(fields[17]) <= 1
 
 
 def reap_ended() -> None:
