@@ -89,6 +89,31 @@ def test_a_fresh_ledgers_first_use_from_three_nodes_at_once_creates_it_once(
             assert galera.execute(node, "SELECT COUNT(*) FROM once_runs", database) == [(1,)]
 
 
+def test_two_commands_of_a_new_job_on_three_nodes_run_one(galera: GaleraCluster,
+                                                          tmp_path: Path) -> None:
+    """--require-same-command across nodes: a node's locks are its own, so two claims of a
+    new job on two nodes both read no fingerprint; the certification of the job row's insert
+    lets one commit, the other is told deadlock and tries again, and then reads the first's
+    fingerprint. Nine callers, a period each, two commands: one command runs."""
+    database = galera.new_database()
+    assert run_once("schema", "--db", galera.url(1, database), env=_env(tmp_path)
+                    ).returncode == 0
+    ran = tmp_path / "ran"
+    callers = []
+    for lag in range(9):
+        name = "old" if lag % 2 else "new"
+        node = NODES[lag % len(NODES)]
+        callers.append([ONCE, "run", "--db", galera.url(node, database), "--job", "drift",
+                        "--every", "day", "--lag", str(lag), "--require-same-command", "--",
+                        "sh", "-c", f'echo {name} >> "{ran}"', name])
+    results = release_together(callers, tmp_path / "gate", _env(tmp_path))
+    names = ran.read_text().split()
+    assert len(set(names)) == 1, names
+    refused = [r for r in results if r.returncode == 2]
+    assert len(refused) == len(callers) - len(names), [r.stderr for r in results]
+    assert all("last ran a different command" in r.stderr for r in refused)
+
+
 @pytest.mark.parametrize("route", ["haproxy", "host list"])
 def test_the_owners_node_killed_as_its_command_ends_the_finish_lands_on_another(
         galera: GaleraCluster, tmp_path: Path, route: str) -> None:
