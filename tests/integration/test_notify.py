@@ -415,6 +415,7 @@ def test_fenced_out_pings_failure_and_runs_on_failure(server: PingServer, env: d
                 # Not yet: the claim waited past its short bound (--stale-after 2s) on a lock
                 # the owner held when the stop caught it in a renewal (SQLite's write lock, a
                 # MySQL row lock), or on a loaded machine's server; nothing was taken over.
+                assert "nothing was run" in result.stderr, result.stderr
                 return False
             assert result.returncode == 0, result.stderr
             return (tmp_path / "second").exists()
