@@ -231,8 +231,8 @@ def await_group_end(group: int, reap_all: bool, patience: float = 5.0) -> None:
     finding: a SIGKILL sent here, after a look). As PID 1 the orphans are ours to reap."""
     import time
 
-    give_up = lease_now() + patience
     looked = lease_now()
+    give_up = looked + patience
     while lease_now() < give_up and not group_taken(group):  # the guard is reaped
         try:
             os.killpg(group, 0)

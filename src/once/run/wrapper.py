@@ -178,7 +178,6 @@ class _Supervisor:
                  keeper: Keeper | None = None, end_group: bool = False) -> None:
         self.guard, self.report = 0, -1
         self.guard_status: int | None = None
-        self.released = False  # the guard reaped (_release)
         self.lease, self.grace, self.timeout = lease, grace, timeout
         self.kept_guard = keeper is not None  # its deadline pipe is its keeper's
         self.end_group = end_group
@@ -453,9 +452,9 @@ class _Supervisor:
                 os.waitpid(ended.si_pid, 0)
 
     def _release(self) -> None:
-        """Reap the guard, whose status _reap took (and, as PID 1, what ended meanwhile)."""
-        if self.guard_status is not None and not self.released:
-            self.released = True
+        """Reap the guard, whose status _reap took (and, as PID 1, what ended meanwhile): once,
+        at the end of wait()."""
+        if self.guard_status is not None:
             with suppress(ChildProcessError):
                 os.waitpid(self.guard, 0)
             if self.reap_all:
