@@ -5,6 +5,7 @@ an old period is no overrun; a catch-up names a period a live owner holds."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -265,3 +266,40 @@ def test_an_owner_stopped_with_a_renewal_out_says_it_was_stopped(
     assert "its deadline passed while this process was stopped or suspended (it stepped " \
            "down " in line, err
     assert "unreachable" not in line and "waited on" not in line, err
+
+
+@pytest.mark.parametrize("held", ["LOCK TABLE once_runs IN ACCESS EXCLUSIVE MODE",
+                                  "SELECT 1 FROM once_jobs WHERE job = 'waits' FOR UPDATE"])
+def test_a_claim_that_once_cancels_at_its_limit_says_why(
+        ledger_url: str, once_env: dict[str, str], held: str) -> None:
+    # PostgreSQL: once's watchdog cancels a statement at its limit (5 s with
+    # --stale-after 10s), and the server blames a user for it ("canceling statement due to
+    # user request"). The line says whose limit it was, and what it waited on where the server
+    # says (a row's lock); an advisory or a table lock, or a slow server, it cannot tell.
+    if not ledger_url.startswith("postgresql"):
+        pytest.skip("PostgreSQL's statements alone are cancelled by once's own watchdog")
+    job = ["--job", "waits", "--every", "minute", "--stale-after", "10s"]
+    assert run_once("run", *job, "--lag", "1", "--", "true", env=once_env).returncode == 0
+    from once.ledger import parse_url
+    from once.ledger.connect import connect
+
+    holder = connect(parse_url(ledger_url), 10, autocommit=False)
+    try:
+        holder.cursor().execute(held)
+        began = time.monotonic()
+        caught = run_once("run", *job, "--", "true", env=once_env)
+        took = time.monotonic() - began
+    finally:
+        holder.rollback()
+        holder.close()
+    assert caught.returncode == 75, caught.stderr
+    [line] = caught.stderr.splitlines()
+    assert "user request" not in line, line
+    assert re.search(r"once's limit of [0-9.]+s for a statement, so once cancelled it", line), \
+        line
+    assert line.endswith("; nothing was run"), line
+    if "FOR UPDATE" in held:
+        assert "waited on a row lock held by another session past" in line, line
+    else:
+        assert "a lock another session holds, or a server that slow" in line, line
+    assert took < 5 + 10, took

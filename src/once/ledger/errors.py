@@ -190,6 +190,28 @@ POSTGRES = Rules(
     races=lambda exc: getattr(exc, "sqlstate", None) in _PG_RACES, waited_on=_pg_waited_on)
 
 
+
+CANCELLED = "57014"  # query_canceled: a cancel request, or the server's statement_timeout
+
+
+class Cancelled(Exception):
+    """A statement once's watchdog cancelled at its limit: the server's words for it
+    ("canceling statement due to user request") blame a user. The driver's SQLSTATE and
+    diagnostics stay, so that it is read as the server's own cancel is (slow; the row lock it
+    waited on, where the server names one: _pg_waited_on)."""
+
+    def __init__(self, exc: BaseException, limit: float) -> None:
+        self.sqlstate = CANCELLED
+        self.diag = getattr(exc, "diag", None)
+        limit_said = f"once's limit of {limit:g}s for a statement, so once cancelled it"
+        lock = _pg_waited_on(exc)
+        if lock:
+            super().__init__(f"waited on {lock} held by another session past {limit_said}")
+        else:  # an advisory or a table lock, or the server's own pace: it does not say which
+            super().__init__(f"no answer within {limit_said} (waiting on a lock another "
+                             f"session holds, or a server that slow)")
+
+
 # -- MySQL and MariaDB: the error number
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from once.deadlines import lease_now
 from once.ledger.base import Ledger
+from once.ledger.errors import CANCELLED, Cancelled
 from once.ledger.pg_claim import CLAIM, CLAIM_PLAIN, FIND_STORED_CLAIM, stored_claim
 from once.ledger.records import (
     Claim,
@@ -452,8 +453,11 @@ class PostgresLedger(Ledger):
             # A statement our own watchdog cut off (its socket shut, no SQLSTATE): the server
             # gave no answer, whatever the driver's words for the cut ("server closed the
             # connection unexpectedly") would suggest.
-            if WATCHDOG.disarm(token) and getattr(exc, "sqlstate", None) is None:
+            cancelled = WATCHDOG.disarm(token)
+            if cancelled and getattr(exc, "sqlstate", None) is None:
                 raise TimeoutError(f"no answer from the server within {shut_at:.3g}s") from exc
+            if cancelled and getattr(exc, "sqlstate", None) == CANCELLED:
+                raise Cancelled(exc, cancel_at) from exc
             raise
         finally:
             self._depth -= 1
@@ -478,6 +482,8 @@ _NO_TIMELINE = ("42", "0A", "22", "XX", "55")
 # time (lock_timeout: 55P03) or an object in use (55006), which would turn the timeline off
 # for the process (and the stored claim for the connection) for a moment's contention.
 _NOT_THE_TIMELINE = ("42P01", "42703", "55P03", "55006")
+
+
 
 
 def timeline_unreadable(exc: BaseException) -> bool:
