@@ -26,8 +26,8 @@ from typing import Any
 MASK = "***"
 _remembered: tuple[str, ...] = ()  # every form of every secret, longest first
 # A password given as a query parameter (libpq's password and sslpassword, PyMySQL's
-# passwd), and in libpq's key=value form: password=s, password = 's \' t'.
-_QUERY = r"[?&](?:ssl)?pass(?:word|wd)=([^&#]*)([^&]*)"  # to a # (a fragment?), and past it
+# passwd: query_secrets), and in libpq's key=value form: password=s, password = 's \' t'.
+_QUERY_KEYS = ("password", "passwd", "sslpassword", "sslpasswd")
 _KEYWORD = r"(?<![\w.])(?:ssl)?pass(?:word|wd)\s*=\s*('(?:[^'\\]|\\.)*'|(?:[^\s'\\]|\\.)+)"
 _URL_PASSWORD = r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:)[^\s/?#@]+@"
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
@@ -190,14 +190,49 @@ def url_forms(url: str) -> set[str]:
         password = userinfo.partition(":")[2]
         if password:
             found |= _written_forms(password)
+    for start, end, whole in query_secrets(url):
+        value = url[start:end]
+        if whole:  # key=value encoded as one: the value as decoded, the parameter as written
+            found |= password_forms(value) | password_forms(unquote_key(value).partition("=")[2])
+        else:
+            found |= _written_forms(value, plus=True) | _written_forms(
+                value.partition("#")[0], plus=True)
     if "pass" in url.lower():
         import re
 
-        for value, rest in re.findall(_QUERY, url, flags=re.IGNORECASE):
-            found |= _written_forms(value, plus=True) | _written_forms(value + rest, plus=True)
         for value in re.findall(_KEYWORD, url, flags=re.IGNORECASE):
             found |= _keyword_forms(value)
     return found
+
+
+def query_secrets(url: str) -> list[tuple[int, int, bool]]:
+    """Where a URL's query holds a secret, as (start, end, whole) spans of it: the value of
+    each password parameter (to the next &: a # in it is the password's, a ledger's URL has
+    no fragment), its key read as libpq reads one, percent-decoded (`?pass%77ord=s` is a
+    password); and the whole of a parameter whose `=` is encoded too (`?password%3Ds`, which
+    no driver takes: the URL is refused, and quoted). Every ? and & starts a parameter: a
+    password with a raw ? in it is the user part's, and the query may follow it."""
+    if "pass" not in url.lower() and "%" not in url:
+        return []
+    spans = []
+    for start, mark in enumerate(url):
+        if mark not in "?&":
+            continue
+        end = url.find("&", start + 1)
+        end = len(url) if end < 0 else end
+        key, equals, _ = url[start + 1:end].partition("=")
+        if equals and unquote_key(key).strip().lower() in _QUERY_KEYS:
+            spans.append((start + 1 + len(key) + 1, end, False))
+        elif not equals and "%" in key and unquote_key(key).partition("=")[0].strip(
+                ).lower() in _QUERY_KEYS:
+            spans.append((start + 1, end, True))
+    return spans
+
+
+def unquote_key(text: str) -> str:
+    from urllib.parse import unquote
+
+    return unquote(text) if "%" in text else text
 
 
 def password_forms(password: str) -> set[str]:

@@ -113,7 +113,8 @@ def _postgres_refusing() -> Callable[[str], str] | None:
     return lambda secret: f"postgresql://{user}:{secret}@{where}/once_no_such_database"
 
 
-# Each server: the URL of a password (in its user part; in its query for SQLite).
+# Each server: the URL of a password (in its user part; in its query for SQLite and where
+# the query's key is percent-encoded).
 Server = Callable[[str], str]
 SERVERS: dict[str, Callable[[HangsUp, Path], Server | None]] = {
     "postgresql-hangs-up": lambda fake, _: (
@@ -124,6 +125,9 @@ SERVERS: dict[str, Callable[[HangsUp, Path], Server | None]] = {
     "mariadb-refuses": lambda *_: _mariadb_refusing(),
     "sqlite-answers": lambda _, tmp: (
         lambda secret: f"sqlite:///{tmp}/ledger.db?password={secret}"),
+    # libpq reads a query's key percent-decoded: pass%77ord is password
+    "postgresql-hangs-up-key-encoded": lambda fake, _: (
+        lambda secret: f"postgresql://u@127.0.0.1:{fake.port}/db?pass%77ord={secret}"),
 }
 
 
@@ -141,7 +145,8 @@ def deliveries(url_of: Server, password: str, tmp_path: Path,
     url_file.write_text(url_of(password) + "\n")
     password_file = tmp_path / "password"
     password_file.write_text(password + "\n")
-    bare = url_of("").replace(":@", "@").replace("password=", "x=")
+    bare = url_of("").replace(":@", "@").replace("password=", "x=").replace("pass%77ord=",
+                                                                             "x=")
     return [("--db as typed", ["--db", url_of(password)], env),
             ("--db percent-encoded", ["--db", url_of(quote(password, safe=""))], env),
             ("ONCE_DATABASE_URL", [], {**env, "ONCE_DATABASE_URL": url_of(password)}),

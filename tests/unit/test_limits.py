@@ -92,8 +92,16 @@ def test_redact_hides_a_password_given_in_the_query() -> None:
     for url in ("postgresql://u@h/db?password=secret&sslmode=require",
                 "postgresql://u@h/db?sslmode=require&PASSWORD=secret",
                 "postgresql://u@h/db?sslpassword=secret", "mysql://u@h/db?passwd=secret",
-                "postgresql://u:secret@h/db?password=secret", "postgresql://[::1/x?password=secret"):
+                "postgresql://u:secret@h/db?password=secret", "postgresql://[::1/x?password=secret",
+                # libpq decodes a key as it decodes a value: pass%77ord is password
+                "postgresql://u@h/db?pass%77ord=secret", "postgresql://u@h/db?%70assword=secret",
+                "postgresql://u@h/db?%73slpassword=secret&sslmode=require",
+                "mysql://u@h/db?pass%77d=secret", "postgresql://u:a?b@h/db?pass%77ord=secret",
+                "postgresql://u@h/db?password%3Dsecret",  # not a parameter libpq can read
+                "postgresql://u@h/db?password=a?password=secret"):
         assert "secret" not in redact(url), redact(url)
+    assert redact("postgresql://u@h/db?pass%77ord=s&sslmode=require") == \
+        "postgresql://u@h/db?pass%77ord=***&sslmode=require"
     assert redact("postgresql://u@h/db?sslmode=require") == "postgresql://u@h/db?sslmode=require"
 
 

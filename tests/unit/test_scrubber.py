@@ -37,6 +37,10 @@ def test_nothing_remembered_changes_nothing() -> None:
     ("postgresql://u:a/b?c#d@h/db", "a/b?c#d"),  # a raw / ? # (refused: bad port)
     ("sqlite:///x.db?password=a/b?c#d", "a/b?c#d"),
     ("host=h password=Hunter2 dbname=d", "Hunter2"),  # libpq's key=value form
+    ("postgresql://u@h/db?pass%77ord=Top%53ecret", "TopSecret"),  # a key percent-encoded
+    ("postgresql://u@h/db?%73slpassword=TopSecret", "TopSecret"),
+    ("mysql://u@h/db?pass%77d=TopSecret", "TopSecret"),
+    ("postgresql://u@h/db?password%3DTop%53ecret", "TopSecret"),  # its = too
     ("host=h password='two \\'quoted\\' words' dbname=d", "two 'quoted' words"),
 ])
 def test_a_urls_password_goes_in_every_form(url: str, password: str) -> None:
@@ -159,3 +163,15 @@ def test_a_sqlite_path_costs_no_import() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["()", "False", "False"]
+
+
+def test_a_character_no_encoding_takes_is_not_quoted() -> None:
+    # PyMySQL sends a password as latin-1: the error would quote its character, and where.
+    from once.ledger.records import describe
+
+    try:
+        "ab\u20accd".encode("latin-1")
+    except UnicodeEncodeError as exc:
+        said = describe(exc)
+    assert "\u20ac" not in said and "\\u20ac" not in said and "position" not in said, said
+    assert said.startswith("'latin-1' codec can't encode a character"), said

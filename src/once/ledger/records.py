@@ -260,6 +260,8 @@ def describe(exc: BaseException) -> str:
     `invalid percent-encoded token: "…"`) and the Python API raises this text as it is."""
     from once.secrets import scrub
 
+    if isinstance(exc, UnicodeEncodeError):  # its character and position: a password's?
+        return f"{exc.encoding!r} codec can't encode a character of what was sent: {exc.reason}"
     text = scrub(str(exc)).strip().splitlines()
     return text[0] if text else type(exc).__name__
 

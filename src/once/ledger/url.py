@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from once import limits
 from once.frozen import Frozen
+from once.secrets import query_secrets
 
 if TYPE_CHECKING:
     from once.ledger.dialect import Dialect as Backend
@@ -151,7 +152,12 @@ def redact(url: str) -> str:
     from urllib.parse import urlsplit
 
     # The query's secrets, whatever else the URL holds (before and after a fragment alike).
-    url = re.sub(_QUERY_SECRET, r"\1***", url, flags=re.IGNORECASE)
+    shown, at = [], 0
+    for start, end, _ in query_secrets(url):
+        if start >= at:  # else inside a value hidden already (?password=a?password=b)
+            shown += [url[at:start], "***"]
+            at = end
+    url = "".join(shown) + url[at:]
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -161,12 +167,6 @@ def redact(url: str) -> str:
     userinfo, _, hostinfo = parts.netloc.rpartition("@")
     user = userinfo.partition(":")[0]
     return parts._replace(netloc=f"{user}:***@{hostinfo}").geturl()
-
-
-# A secret given as a query parameter: libpq's password and sslpassword, PyMySQL's passwd,
-# to the next & (a raw # in it is the password's: a ledger's URL has no fragment). Compiled
-# by re on first use: a SQLite URL never needs it.
-_QUERY_SECRET = r"([?&](?:password|passwd|sslpassword)=)[^&]*"
 
 
 def path_url(path: str) -> str:
