@@ -318,8 +318,15 @@ def _hold(event, args):
     if event == "import" and args[0] == "once.cli.main":
         open(os.path.join(_DIR, "loading"), "w").close()
         until = time.monotonic() + 60
-        while not os.path.exists(os.path.join(_DIR, "go")) and time.monotonic() < until:
-            time.sleep(0.01)
+        try:
+            while not os.path.exists(os.path.join(_DIR, "go")) and time.monotonic() < until:
+                time.sleep(0.01)
+        except BaseException:
+            # What CPython does where a handler's exception comes at the wrong moment: its
+            # compiler folding a constant, importlib's module-lock callback, a dataclass's
+            # __set_name__ drop it or turn it into another.
+            if not os.environ.get("ONCE_TEST_SWALLOW"):
+                raise
 
 
 if _DIR:
@@ -327,15 +334,17 @@ if _DIR:
 '''
 
 
-@pytest.mark.parametrize("command", [["run", "--job", "early", *DAY],
-                                     ["lead", "--name", "early", "--lease", "3s"]],
-                         ids=["run", "lead"])
+@pytest.mark.parametrize("command, swallowed", [
+    (["run", "--job", "early", *DAY], False), (["lead", "--name", "early", "--lease", "3s"], False),
+    (["run", "--job", "early", *DAY], True)], ids=["run", "lead", "run-swallowed"])
 def test_a_stop_signal_while_once_loads_ends_it_as_pid_1(env: dict[str, str], tmp_path: Path,
-                                                         ledger_url: str,
-                                                         command: list[str]) -> None:
+                                                         ledger_url: str, command: list[str],
+                                                         swallowed: bool) -> None:
     # As PID 1 the kernel drops a signal at its default: a SIGTERM while Python loaded once
     # (docker stop just after the container's start) was lost, and the command ran to its
-    # end, recorded done (an outside attacker's finding, 5 in 5 at 50 ms).
+    # end, recorded done (an outside attacker's finding, 5 in 5 at 50 ms). Then the handler
+    # that ends it raised SystemExit, which CPython drops at some moments of an import (the
+    # second attacker: 3 in 108): the command ran again (swallowed: where it is dropped).
     stable_day()
     hooks = tmp_path / "hooks"
     hooks.mkdir()
@@ -343,7 +352,8 @@ def test_a_stop_signal_while_once_loads_ends_it_as_pid_1(env: dict[str, str], tm
     ran = tmp_path / "ran"
     outer = subprocess.Popen(
         [*pid_namespace("--mount-proc"), ONCE, *command, "--", "touch", str(ran)],
-        env={**env, "PYTHONPATH": str(hooks), "ONCE_TEST_LOADING": str(tmp_path)},
+        env={**env, "PYTHONPATH": str(hooks), "ONCE_TEST_LOADING": str(tmp_path),
+             **({"ONCE_TEST_SWALLOW": "1"} if swallowed else {})},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for((tmp_path / "loading").exists, what="once to load its command line")

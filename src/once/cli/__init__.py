@@ -36,7 +36,10 @@ def _stop_signals_end_init() -> None:
     a SIGTERM or SIGHUP while Python loads once (its first tenth of a second: `docker stop` or
     the kubelet just after the container starts) was lost, and the command ran to its end (an
     outside attacker's finding). Until once takes them itself (a claim, a run, a candidate),
-    each ends once as death by it would elsewhere: 128+N. (`_signal`: `signal` imports enum.)"""
+    each ends once as death by it would elsewhere: 128+N, at once (os._exit: CPython drops an
+    exception a handler raises at some moments of an import, such as its compiler's folding
+    of a constant, and the command then ran; nothing is claimed before once's own handlers).
+    (`_signal`: `signal` imports enum.)"""
     import _signal  # type: ignore[import-not-found]  # signal's C half, no stubs
 
     for number in (_signal.SIGTERM, _signal.SIGHUP):
@@ -45,4 +48,4 @@ def _stop_signals_end_init() -> None:
 
 
 def _end_as_init(number: int, _frame: object) -> "NoReturn":
-    raise SystemExit(128 + number)
+    os._exit(128 + number)
