@@ -179,7 +179,8 @@ def test_a_candidate_stopped_by_a_signal_exits_0(once_env: dict[str, str],
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    (["--lease", "2s"], "--lease 2s"),
+    (["--lease", "2s"], "--lease 2s: use 3s to 365d (1 year;"),
+    (["--lease", "366d"], "--lease 31622400s: use 3s to 365d (1 year;"),  # the docs' limit
     (["--lease", "6s", "--kill-after", "3s"], "does not fit --lease 6s"),
     (["--lease", "60s", "--kill-after", "30s"], "at most a third of the lease (20s)"),
     (["--retire", "--", "true"], "--retire takes no COMMAND"),

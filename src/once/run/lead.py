@@ -24,7 +24,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING
 
-from once import limits
 from once.deadlines import lease_now, max_grace
 from once.messages import ERROR, NORMAL, say
 from once.run.child import EXPORTED, LEAD_EXPORTED
@@ -42,6 +41,7 @@ POLL = 0.5
 MAX_BACKOFF = 5.0
 QUIET_TRIES = 5  # lost races or passing errors in a row that are tried again without a line
 LEASE_MIN = 3.0  # seconds: a statement's bound (at least 1 s) must fit a third of it
+LEASE_MAX = 365 * 86400  # seconds: a year (the docs'), for a leader lost with its host
 FENCED_OUT = 70  # the lease was lost and the command stopped (docs: exit statuses)
 
 
@@ -49,9 +49,9 @@ def lease_problem(lease: float, kill_after: float | None) -> str:
     """Why --lease and --kill-after cannot keep the promise ('' when they can): the command
     must be dead by the lease's deadline, with a renewal sent every third of the lease and
     answered within a statement's bound before the SIGTERM goes out."""
-    if not LEASE_MIN <= lease <= limits.DURATION_MAX:
-        return (f"--lease {lease:g}s: use {LEASE_MIN:g}s to {limits.DURATION_MAX}s (renewed "
-                f"every third of it, each renewal bounded by at least a second)")
+    if not LEASE_MIN <= lease <= LEASE_MAX:
+        return (f"--lease {lease:.10g}s: use {LEASE_MIN:g}s to 365d (1 year; renewed every "
+                f"third of it, each renewal bounded by at least a second)")
     grace = kill_after_for(lease, kill_after)
     # A third: the renewal due a third of the lease before the SIGTERM has that long to be
     # answered, which its bound (statement_timeout, at most a third) always fits.
