@@ -274,7 +274,7 @@ def lead(name: str, *, db: str | None = None, lease: float = 15.0,
     """
     from once.run import lead as leading
 
-    stored = limits.stored_name(name, namespace)
+    stored = limits.stored_name(name, namespace, "lead")
     limits.text("db", db, optional=True)
     lease = limits.seconds("lease", lease)  # a number, finite, more than 0
     if stop_within is not None:

@@ -61,15 +61,16 @@ def name(label: str, value: str) -> str:
     return value
 
 
-def stored_name(job: str, namespace: str | None) -> str:
-    """The job's name as the ledger stores it (NS:JOB with a namespace), checked whole."""
-    name("job name", job)
+def stored_name(job: str, namespace: str | None, kind: str = "job") -> str:
+    """The job's (or, kind "lead", a lead name's) name as the ledger stores it (NS:JOB with a
+    namespace), checked whole."""
+    name(f"{kind} name", job)
     if namespace is None:
         return job
     name("namespace", namespace)
     stored = f"{namespace}:{job}"
     if len(stored) > KEY_MAX:
-        raise InputError(f"namespace and job name make {len(stored)} characters "
+        raise InputError(f"namespace and {kind} name make {len(stored)} characters "
                          f"({namespace[:20]}:{job[:20]}…): the ledger keeps at most {KEY_MAX}")
     return stored
 

@@ -498,3 +498,10 @@ def test_a_lead_nested_in_itself_is_refused(ledger_url: str) -> None:
     with once.lead("nest", db=ledger_url, lease=3), \
             pytest.raises(ValueError, match="inside"), once.lead("nest", db=ledger_url, lease=3):
         pass
+
+
+def test_a_bad_lead_name_is_refused_as_a_lead_name(once_env: dict[str, str]) -> None:
+    for command in (["lead", "--name", "a\x1bb", "--", "true"], ["history", "--lead", "a b"]):
+        result = run_here(*command, env=once_env)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("once: bad lead name "), result.stderr

@@ -51,7 +51,7 @@ def lead(name: str, lease: float, kill_after: float | None, rejoin: bool, owner:
     """
     from once.run import lead as leading
 
-    stored = limits.stored_name(name, namespace)
+    stored = limits.stored_name(name, namespace, "lead")
     problem = leading.lease_problem(lease, kill_after)
     if problem:
         raise click.UsageError(problem)

@@ -145,8 +145,9 @@ def history(job: str | None, db: str | None, db_password_file: str | None,
         if key is not None:
             raise click.UsageError("--period goes with JOB: once history JOB --period P")
         return report.fleet_history(target, namespace, limit or 20, as_json, wide)
-    return report.history(target, limits.stored_name(job, namespace), limit or 50, as_json,
-                          period=key, lead=lead, wide=wide)
+    stored = limits.stored_name(job, namespace, "lead" if lead else "job")
+    return report.history(target, stored, limit or 50, as_json, period=key, lead=lead,
+                          wide=wide)
 
 
 @click.command()
