@@ -150,8 +150,8 @@ error that starts with `once:`. A SIGINT (Ctrl-C) that comes where a command abo
 say what one does (while `once` starts and reads its options, or while a report reads the
 ledger) ends `once` with 130: `once: interrupted`; one in Python's own start, the first
 hundredths of a second before `once`'s code runs, ends it as Python ends, with a traceback.
-A SIGTERM or SIGHUP that comes where no
-command above says what one does (while `once` starts, after the result is written) ends
-`once` as it ends any program, without a line: a shell shows 128+N. As PID 1 of a container,
-which the kernel spares the signals it has no handler for, `once` exits 128+N then, the same.
+A SIGTERM or SIGHUP that comes where no command above says what one does (while `once`
+starts, after the result is written) ends `once` as it ends any program, without a line: a
+shell shows 128+N. As PID 1 of a container, which the kernel spares the signals it has no
+handler for, `once` exits 128+N then, the same.
 """

@@ -190,7 +190,6 @@ POSTGRES = Rules(
     races=lambda exc: getattr(exc, "sqlstate", None) in _PG_RACES, waited_on=_pg_waited_on)
 
 
-
 CANCELLED = "57014"  # query_canceled: a cancel request, or the server's statement_timeout
 
 

@@ -484,8 +484,6 @@ _NO_TIMELINE = ("42", "0A", "22", "XX", "55")
 _NOT_THE_TIMELINE = ("42P01", "42703", "55P03", "55006")
 
 
-
-
 def timeline_unreadable(exc: BaseException) -> bool:
     state = str(getattr(exc, "sqlstate", None) or "")
     return (state[:2] in _NO_TIMELINE and state not in _NOT_THE_TIMELINE
