@@ -193,7 +193,7 @@ def url_forms(url: str) -> set[str]:
     for start, end, whole in query_secrets(url):
         value = url[start:end]
         if whole:  # key=value encoded as one: the value as decoded, the parameter as written
-            found |= password_forms(value) | password_forms(unquote_key(value).partition("=")[2])
+            found |= password_forms(value) | password_forms(_unquoted(value).partition("=")[2])
         else:
             found |= _written_forms(value, plus=True) | _written_forms(
                 value.partition("#")[0], plus=True)
@@ -221,15 +221,15 @@ def query_secrets(url: str) -> list[tuple[int, int, bool]]:
         end = url.find("&", start + 1)
         end = len(url) if end < 0 else end
         key, equals, _ = url[start + 1:end].partition("=")
-        if equals and unquote_key(key).strip().lower() in _QUERY_KEYS:
+        if equals and _unquoted(key).strip().lower() in _QUERY_KEYS:
             spans.append((start + 1 + len(key) + 1, end, False))
-        elif not equals and "%" in key and unquote_key(key).partition("=")[0].strip(
+        elif not equals and "%" in key and _unquoted(key).partition("=")[0].strip(
                 ).lower() in _QUERY_KEYS:
             spans.append((start + 1, end, True))
     return spans
 
 
-def unquote_key(text: str) -> str:
+def _unquoted(text: str) -> str:
     from urllib.parse import unquote
 
     return unquote(text) if "%" in text else text
