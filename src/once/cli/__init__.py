@@ -11,15 +11,18 @@ import sys
 
 TYPE_CHECKING = False  # not typing's, nor __future__'s annotations: imports widen the window
 if TYPE_CHECKING:
+    from types import FrameType
     from typing import NoReturn
 
 
 def main() -> "NoReturn":
+    global _loading
     if os.getpid() == 1:
         _stop_signals_end_init()
     try:
         from once.cli.main import main as command_line
 
+        _loading = False
         command_line()
     except KeyboardInterrupt:  # outside click's handling of it
         try:
@@ -36,10 +39,8 @@ def _stop_signals_end_init() -> None:
     a SIGTERM or SIGHUP while Python loads once (its first tenth of a second: `docker stop` or
     the kubelet just after the container starts) was lost, and the command ran to its end (an
     outside attacker's finding). Until once takes them itself (a claim, a run, a candidate),
-    each ends once as death by it would elsewhere: 128+N, at once (os._exit: CPython drops an
-    exception a handler raises at some moments of an import, such as its compiler's folding
-    of a constant, and the command then ran; nothing is claimed before once's own handlers).
-    (`_signal`: `signal` imports enum.)"""
+    each ends once as death by it would elsewhere: 128+N (_end_as_init). (`_signal`: `signal`
+    imports enum.)"""
     import _signal  # type: ignore[import-not-found]  # signal's C half, no stubs
 
     for number in (_signal.SIGTERM, _signal.SIGHUP):
@@ -47,5 +48,19 @@ def _stop_signals_end_init() -> None:
             _signal.signal(number, _end_as_init)
 
 
-def _end_as_init(number: int, _frame: object) -> "NoReturn":
-    os._exit(128 + number)
+_loading = True  # until the command line is imported
+
+
+def _end_as_init(number: int, frame: "FrameType | None") -> "NoReturn":
+    # While once loads, or inside an import, at once: CPython drops (or turns into another)
+    # an exception a handler raises at some moments of one (its compiler folding a constant,
+    # importlib's module locks, a dataclass's __set_name__), and the command then ran.
+    # Elsewhere (a hook, after the result) as an exit, so that what once cleans up on its way
+    # out is cleaned.
+    if _loading:
+        os._exit(128 + number)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            os._exit(128 + number)
+        frame = frame.f_back
+    raise SystemExit(128 + number)
