@@ -126,6 +126,45 @@ def test_killing_wrapper_and_guard_together_kills_the_command(
     assert query(ledger_url, "SELECT status, attempt FROM once_runs") == [("running", 1)]
 
 
+
+@pytest.mark.parametrize("command", [
+    ["run", "--job", "both", *DAY, "--stale-after", CALM],
+    ["catchup", "--job", "both", *DAY, "--stale-after", CALM, "--since", "2026-01-01"],
+    ["lead", "--name", "both", "--lease", CALM]], ids=["run", "catchup", "lead"])
+def test_killing_wrapper_and_guard_together_kills_what_the_command_started(
+        env: dict[str, str], tmp_path: Path, command: list[str]) -> None:
+    # `pkill -9 -f once`: the command dies of its parent-death signal, and what it started
+    # (a shell's child) ran on beside the next owner or leader, nobody of ours left to kill
+    # the group. The guard's watcher, no `once` in its command line, kills the group when the
+    # guard dies without saying it is done. The wrapper is stopped first: it cannot answer
+    # the guard's death itself, as it would were it killed a moment later.
+    owner = start_once(*command, "--", "sh", "-c", SLEEPER, env=env)
+    (shell, sleeper), guard = started(tmp_path)
+    watchers = [pid for pid in pids_named("sh") if cmdline(pid).endswith(f" {guard}")]
+    assert watchers and all("once" not in cmdline(pid) for pid in watchers), watchers
+    os.kill(owner.pid, signal.SIGSTOP)
+    try:
+        os.kill(guard, signal.SIGKILL)
+        wait_for(lambda: not alive(shell) and not alive(sleeper), timeout=10.0,
+                 what="the command and what it started to die with the guard")
+        assert not group(guard)
+        wait_for(lambda: not any(alive(pid) for pid in watchers), timeout=10.0,
+                 what="the watcher to end")
+    finally:
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(10)
+
+
+def pids_named(comm: str) -> list[int]:
+    """The processes whose comm is `comm`."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with suppress(OSError):
+            if Path(f"/proc/{entry}/comm").read_text().strip() == comm:
+                found.append(int(entry))
+    return found
+
+
 def test_pkill_f_once_run_spares_the_guard_which_kills_the_whole_group(
         env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
     owner = start_once("run", "--job", "pkill", *DAY, "--stale-after", CALM, "--", "sh", "-c",

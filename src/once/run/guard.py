@@ -15,8 +15,9 @@ Linux delivers a parent-death signal only to the process that asked for it: set 
 alone, a shell's children would outlive a wrapper killed by SIGKILL. So the guard asks for
 SIGUSR1 when the wrapper dies and answers it by killing its own process group, which COMMAND
 and everything it starts share (unless they leave it with setsid); and COMMAND asks for
-SIGKILL when the guard dies, so that it dies even when wrapper and guard are killed together
-(what COMMAND started survives that double kill: nobody of ours is left to kill the group).
+SIGKILL when the guard dies, so that it dies even when wrapper and guard are killed together.
+What COMMAND started is then killed by the guard's watcher (once.run.launch.watch_group), a
+shell in the background that kills the group when the guard dies without saying it is done.
 Without prctl (not Linux) there are no parent-death signals at all.
 
 The guard reports to the wrapper through a pipe: `started` once COMMAND runs, then one line
@@ -105,9 +106,11 @@ def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
     launch.set_parent_death_signal(signal.SIGUSR1)
     if os.getppid() != wrapper:  # the wrapper died before the signal was armed
         _wrapper_died(signal.SIGUSR1, None)
+    watcher = launch.watch_group()
     if tty is not None:
         take_terminal(tty, os.getpgrp())
     run_one(command, env, stdio, report, watch, held=launch.stop_held)
+    launch.watch_done(watcher)
     return 0
 
 

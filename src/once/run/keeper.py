@@ -205,6 +205,11 @@ def _ends(report: int, within: float) -> bool:
 def serve() -> None:
     """The kept guard's life: BOOT's arguments are once's path, the wrapper's pid, then the
     request socket, the report pipe and the deadline pipe."""
+    launch.watch_done(_serve())  # ended on its own (not so: its watcher kills the group)
+
+
+def _serve() -> int:
+    """The kept guard's life, its group's watcher's pipe returned when it ends on its own."""
     wrapper, requests, report, deadline = map(int, sys.argv[2:6])
     gc.disable()
     signal.signal(signal.SIGUSR1, _guard._wrapper_died)
@@ -216,8 +221,9 @@ def serve() -> None:
         _guard._wrapper_died(signal.SIGUSR1, None)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     assert launch.PRCTL is not None
+    watcher = launch.watch_group()  # before we reap orphans: it is to be nobody's child
     if launch.PRCTL(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        return  # no way to see what a command leaves behind: no hello, no kept guard
+        return watcher  # no way to see what a command leaves behind: no hello, no kept guard
     os.set_blocking(deadline, False)
     prepare()
     channel = socket.socket(fileno=requests)
@@ -245,8 +251,9 @@ def serve() -> None:
                        held=launch.stop_held)
         launch.forget_held()  # the command's own from its start (they reach its group)
         if _left_behind():
-            return  # its end of file tells the wrapper: the next period gets a new guard
+            return watcher  # its end of file tells the wrapper: the next period, a new guard
         os.write(report, b"ready\n")
+    return watcher
 
 
 def prepare() -> None:

@@ -212,6 +212,44 @@ def _pipe_above_stdio() -> tuple[int, int]:
     return moved[0], moved[1]
 
 
+
+# The guard's watcher: a shell in the background, of no group of ours, that reads a pipe whose
+# other end the guard alone holds. A guard that ends on its own says `done` first; one killed
+# (with its wrapper: `pkill -9 -f once`, whose command dies of its parent-death signal) leaves
+# the pipe's end of file, and the watcher kills the group, what the command started with it,
+# which nobody of ours was left to kill. Its command line holds no `once`: `pkill -f once`
+# passes it by. The shell forks it off and exits, so it is nobody's child of ours (a kept
+# guard's children are what its command left behind, once.run.keeper).
+_WATCHER = '(read said <&3; [ "$said" = done ] || kill -s KILL -- "-$1") 3<&3 &'
+SHELL = "/bin/sh"
+
+
+def watch_group() -> int:
+    """Start this group's watcher (the caller leads the group); the pipe's end to say `done`
+    on (close-on-exec: the command never holds it), or -1 where no shell can be started."""
+    read, write = os.pipe()
+    try:
+        shell = os.posix_spawn(
+            SHELL, ["sh", "-c", _WATCHER, "sh", str(os.getpgrp())], os.environ,
+            file_actions=[(os.POSIX_SPAWN_DUP2, read, 3)], setpgroup=0, setsigmask=(),
+            setsigdef=FORWARDED)
+        os.waitpid(shell, 0)  # it exits once the watcher is forked
+    except OSError:
+        os.close(write)
+        return -1
+    finally:
+        os.close(read)
+    return write
+
+
+def watch_done(said: int) -> None:
+    """Tell the watcher the guard ends on its own: what is left of the group is the
+    wrapper's to end."""
+    if said >= 0:
+        with suppress(OSError):
+            os.write(said, b"done\n")
+
+
 def ignore(_signum: int, _frame: object) -> None:
     pass
 
