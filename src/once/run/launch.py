@@ -17,7 +17,7 @@ import os
 import signal
 from collections.abc import Callable, Iterable
 from contextlib import suppress
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from once.run.stops import FORWARDED
 
@@ -226,13 +226,18 @@ SHELL = "/bin/sh"
 
 def watch_group() -> int:
     """Start this group's watcher (the caller leads the group); the pipe's end to say `done`
-    on (close-on-exec: the command never holds it), or -1 where no shell can be started."""
+    on (close-on-exec: the command never holds it), or -1 where no shell can be started. The
+    watcher holds nothing else of ours (a pipe it held would not end with the guard), and says
+    nothing (the group may be gone when it looks)."""
     read, write = os.pipe()
+    actions: list[tuple[Any, ...]] = [  # 3 first: a closed stdin makes the pipe's end 0
+        (os.POSIX_SPAWN_DUP2, read, 3), (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0), (os.POSIX_SPAWN_DUP2, 1, 2)]
+    actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable() if fd > 3 and fd != read]
     try:
         shell = os.posix_spawn(
             SHELL, ["sh", "-c", _WATCHER, "sh", str(os.getpgrp())], os.environ,
-            file_actions=[(os.POSIX_SPAWN_DUP2, read, 3)], setpgroup=0, setsigmask=(),
-            setsigdef=FORWARDED)
+            file_actions=actions, setpgroup=0, setsigmask=(), setsigdef=FORWARDED)
         os.waitpid(shell, 0)  # it exits once the watcher is forked
     except OSError:
         os.close(write)
@@ -240,6 +245,16 @@ def watch_group() -> int:
     finally:
         os.close(read)
     return write
+
+
+def _inheritable() -> list[int]:
+    """This process's descriptors that an exec keeps (a kept guard's from the wrapper)."""
+    found = []
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+        with suppress(OSError):  # the listing's own, closed by now
+            if os.get_inheritable(int(name)):
+                found.append(int(name))
+    return found
 
 
 def watch_done(said: int) -> None:
