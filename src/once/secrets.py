@@ -192,8 +192,10 @@ def url_forms(url: str) -> set[str]:
             found |= _written_forms(password)
     for start, end, whole in query_secrets(url):
         value = url[start:end]
-        if whole:  # key=value encoded as one: the value as decoded, the parameter as written
+        if whole:  # key=value encoded as one: the parameter as written, its value decoded
+            key = value.partition("=")[0]  # to a raw `=` (the driver quotes the key alone)
             found |= password_forms(value) | password_forms(_unquoted(value).partition("=")[2])
+            found |= password_forms(_unquoted(key).partition("=")[2])
         else:
             found |= _written_forms(value, plus=True) | _written_forms(
                 value.partition("#")[0], plus=True)
@@ -221,11 +223,13 @@ def query_secrets(url: str) -> list[tuple[int, int, bool]]:
         end = url.find("&", start + 1)
         end = len(url) if end < 0 else end
         key, equals, _ = url[start + 1:end].partition("=")
-        if equals and _unquoted(key).strip().lower() in _QUERY_KEYS:
-            spans.append((start + 1 + len(key) + 1, end, False))
-        elif not equals and "%" in key and _unquoted(key).partition("=")[0].strip(
-                ).lower() in _QUERY_KEYS:
+        name, encoded, _ = _unquoted(key).partition("=")
+        if name.strip().lower() not in _QUERY_KEYS:
+            continue
+        if encoded:  # its `=` encoded (`password%3Ds`, `password%3Ds=x`): the whole of it
             spans.append((start + 1, end, True))
+        elif equals:
+            spans.append((start + 1 + len(key) + 1, end, False))
     return spans
 
 

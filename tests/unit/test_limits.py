@@ -98,6 +98,7 @@ def test_redact_hides_a_password_given_in_the_query() -> None:
                 "postgresql://u@h/db?%73slpassword=secret&sslmode=require",
                 "mysql://u@h/db?pass%77d=secret", "postgresql://u:a?b@h/db?pass%77ord=secret",
                 "postgresql://u@h/db?password%3Dsecret",  # not a parameter libpq can read
+                "postgresql://u@h/db?password%3Dsecret=x", "mysql://u@h/db?passwd%3Dsecret=1",
                 "postgresql://u@h/db?password=a?password=secret"):
         assert "secret" not in redact(url), redact(url)
     assert redact("postgresql://u@h/db?pass%77ord=s&sslmode=require") == \

@@ -41,6 +41,8 @@ def test_nothing_remembered_changes_nothing() -> None:
     ("postgresql://u@h/db?%73slpassword=TopSecret", "TopSecret"),
     ("mysql://u@h/db?pass%77d=TopSecret", "TopSecret"),
     ("postgresql://u@h/db?password%3DTop%53ecret", "TopSecret"),  # its = too
+    ("postgresql://u@h/db?password%3DTopSecret=x", "TopSecret"),  # and another = after it
+    ("mysql://u@h/db?pass%77d%3DTopSecret=1", "TopSecret"),
     ("host=h password='two \\'quoted\\' words' dbname=d", "two 'quoted' words"),
 ])
 def test_a_urls_password_goes_in_every_form(url: str, password: str) -> None:
