@@ -276,7 +276,11 @@ def lead(name: str, *, db: str | None = None, lease: float = 15.0,
 
     stored = limits.stored_name(name, namespace, "lead")
     limits.text("db", db, optional=True)
-    lease = limits.seconds("lease", lease)  # a number, finite, more than 0
+    try:
+        lease = limits.seconds("lease", lease)  # a number, finite, more than 0
+    except limits.InputError:  # its range, not any duration's
+        raise limits.InputError(f"bad lease {lease!r}: use {leading.LEASE_MIN:g} to "
+                                f"{leading.LEASE_MAX} seconds (1 year)") from None
     if stop_within is not None:
         stop_within = limits.seconds("stop_within", stop_within)
     problem = leading.lease_problem(lease, stop_within)

@@ -480,8 +480,10 @@ def test_a_child_forked_in_the_python_api_s_block_releases_nothing(ledger_url: s
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    ("lease=float('nan')", "bad lease nan"), ("stop_within=-1", "bad stop_within -1"),
-    ("stop_within=float('nan')", "bad stop_within nan"),
+    ("lease=float('nan')", "bad lease nan: use 3 to 31536000 seconds"),
+    ("lease=-5", "bad lease -5: use 3 to 31536000 seconds"),
+    ("lease=31536001", "lease 31536001s: use 3s to 365d"),
+    ("stop_within=-1", "bad stop_within -1"), ("stop_within=float('nan')", "bad stop_within nan"),
 ])
 def test_the_python_api_refuses_what_the_command_line_refuses(ledger_url: str, args: str,
                                                                says: str) -> None:

@@ -202,7 +202,7 @@ class Cancelled(Exception):
     def __init__(self, exc: BaseException, limit: float) -> None:
         self.sqlstate = CANCELLED
         self.diag = getattr(exc, "diag", None)
-        limit_said = f"once's limit of {limit:g}s for a statement, so once cancelled it"
+        limit_said = f"once's limit of {limit:.3g}s for a statement, so once cancelled it"
         lock = _pg_waited_on(exc)
         if lock:
             super().__init__(f"waited on {lock} held by another session past {limit_said}")

@@ -29,7 +29,7 @@ from once.ledger.records import (
     skew_refusal,
 )
 from once.ledger.url import Target
-from once.ledger.watchdog import WATCHDOG, cancel, limits
+from once.ledger.watchdog import WATCHDOG, bounded, cancel, limits
 
 if TYPE_CHECKING:
     import psycopg
@@ -443,7 +443,7 @@ class PostgresLedger(Ledger):
             return
         conn = self._conn
         self.unconfirmed, self._warnings = False, []
-        cancel_at, shut_at = self._limits()
+        cancel_at, shut_at = bounded(*self._limits())  # as the watchdog keeps them (arm)
         token = WATCHDOG.arm(conn.pgconn.socket, cancel_at, shut_at,
                               lambda: cancel(conn, shut_at - cancel_at))
         self._depth += 1
