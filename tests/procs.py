@@ -100,14 +100,29 @@ def zombie_children(pid: int) -> list[int]:
     return found
 
 
-def children(pid: int) -> list[int]:
+def children(pid: int, watchers: bool = False) -> list[int]:
+    """The children of pid; a guard's watcher (once.run.launch.start_watcher, a child of
+    `once` beside the guard) only with `watchers`."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             fields = stat(int(entry))
-            if fields is not None and int(fields[1]) == pid:
+            if fields is not None and int(fields[1]) == pid and (
+                    watchers or not is_watcher(int(entry))):
                 found.append(int(entry))
     return found
+
+
+def is_watcher(pid: int) -> bool:
+    """A guard's watcher, alive or a zombie (whose command line is gone): a `sh` that leads
+    a process group of its own in its parent's session (a hook's shell leads a session)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    comm = text[text.find("(") + 1:text.rfind(")")]
+    fields = text.rpartition(")")[2].split()
+    return comm == "sh" and int(fields[2]) == pid and int(fields[3]) != pid
 
 
 def pids(path: Path, count: int) -> list[int] | None:

@@ -174,3 +174,15 @@ def test_a_catchup_started_with_signals_ignored_runs_every_period(env: dict[str,
     assert result.returncode == 0, result.stderr
     assert [period for period, _ in logged(env)] == ["2026-10-24", "2026-10-25", "2026-10-26"]
     assert all(int(mask, 16) & 0b11 == 0b11 for _, mask in logged(env))  # HUP and INT
+
+
+def test_a_catch_up_with_its_standard_error_closed_runs(env: dict[str, str]) -> None:
+    # It asked a missing stream whether it was a terminal: nothing ran, exit 1.
+    import subprocess
+
+    done = subprocess.run(["sh", "-c", 'exec "$@" 2>&-', "sh", ONCE, "catchup", "--job", "daily",
+                           "--every", "day", "--since", "2026-10-24", "--until", "2026-10-25",
+                           "--", *LOG_CHILD], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stdout
+    assert [line[0] for line in logged(env)] == ["2026-10-24", "2026-10-25"]

@@ -25,7 +25,16 @@ import pytest
 
 from helpers import ONCE, continue_if_sqlite, run_once, wait_for
 from ledger_sql import query
-from procs import alive, children, parent, pids, process_group, start_once, stat
+from procs import (
+    alive,
+    children,
+    parent,
+    pid_namespace,
+    pids,
+    process_group,
+    start_once,
+    stat,
+)
 
 pytestmark = pytest.mark.tables_made  # but where a test says otherwise
 
@@ -135,34 +144,48 @@ def test_killing_wrapper_and_guard_together_kills_what_the_command_started(
         env: dict[str, str], tmp_path: Path, command: list[str]) -> None:
     # `pkill -9 -f once`: the command dies of its parent-death signal, and what it started
     # (a shell's child) ran on beside the next owner or leader, nobody of ours left to kill
-    # the group. The guard's watcher, no `once` in its command line, kills the group when the
-    # guard dies without saying it is done. The wrapper is stopped first: it cannot answer
-    # the guard's death itself, as it would were it killed a moment later.
+    # the group. The guard's watcher (the wrapper's child, no `once` in its command line)
+    # kills the group when the guard dies without saying it is done. The wrapper is stopped
+    # first: it cannot answer the guard's death itself, as it would were it killed later.
     owner = start_once(*command, "--", "sh", "-c", SLEEPER, env=env)
     (shell, sleeper), guard = started(tmp_path)
-    watchers = [pid for pid in pids_named("sh") if cmdline(pid).endswith(f" {guard}")]
-    assert watchers and all("once" not in cmdline(pid) for pid in watchers), watchers
+    watchers = [pid for pid in children(owner.pid, watchers=True) if pid != guard]
+    assert len(watchers) == 1 and "once" not in cmdline(watchers[0]), watchers
     os.kill(owner.pid, signal.SIGSTOP)
     try:
         os.kill(guard, signal.SIGKILL)
         wait_for(lambda: not alive(shell) and not alive(sleeper), timeout=10.0,
                  what="the command and what it started to die with the guard")
         assert not group(guard)
-        wait_for(lambda: not any(alive(pid) for pid in watchers), timeout=10.0,
-                 what="the watcher to end")
+        wait_for(lambda: not alive(watchers[0]), timeout=10.0, what="the watcher to end")
     finally:
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait(10)
 
 
-def pids_named(comm: str) -> list[int]:
-    """The processes whose comm is `comm`."""
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        with suppress(OSError):
-            if Path(f"/proc/{entry}/comm").read_text().strip() == comm:
-                found.append(int(entry))
-    return found
+
+
+
+# As PID 1 of a container, a program that waits for its own children alone (a scheduler that
+# runs `once run` with subprocess): then counts the zombies of its namespace.
+_REAPS_ITS_OWN = """
+import os, subprocess, sys
+for number in range(3):
+    subprocess.run([sys.argv[1], "run", "--job", f"z{number}", "--every", "day", "--", "true"])
+subprocess.run([sys.argv[1], "catchup", "--job", "zc", "--every", "day", "--since",
+                "2026-01-01", "--until", "2026-01-04", "--", "true"])
+states = [open(f"/proc/{p}/stat").read().rpartition(")")[2].split()[0]
+          for p in os.listdir("/proc") if p.isdigit()]
+print(states.count("Z"))
+"""
+
+
+def test_a_guard_s_watcher_leaves_no_zombie_under_an_init_that_reaps_only_its_own(
+        env: dict[str, str]) -> None:
+    done = subprocess.run([*pid_namespace("--mount-proc"), sys.executable, "-c", _REAPS_ITS_OWN,
+                           ONCE], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0"], (done.stdout, done.stderr)
 
 
 def test_pkill_f_once_run_spares_the_guard_which_kills_the_whole_group(

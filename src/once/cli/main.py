@@ -205,6 +205,9 @@ def _end_past_threads(code: int) -> None:
     interpreter's teardown after the last line: SIGSEGV, seen on MariaDB with connections
     killed), once ends here, as soon as what it printed is out. Nothing of once's needs the
     teardown: ledgers are closed, commits are synchronous, temporary files are removed."""
+    launch = sys.modules.get("once.run.launch")  # a guard was started: its watcher ends
+    if launch is not None:
+        launch.reap_watchers()
     threading = sys.modules.get("threading")  # not imported: no thread was started
     if threading is None or threading.active_count() <= 1:
         return

@@ -145,7 +145,7 @@ def _progress(quiet: bool, log_format: str = "text") -> Any:
     elsewhere; no line but errors with --quiet."""
     from once.run import backfill
 
-    if not quiet and sys.stderr.isatty() and log_format == "text":
+    if not quiet and sys.stderr is not None and sys.stderr.isatty() and log_format == "text":
         from once.cli.progress import BarProgress
 
         return BarProgress()

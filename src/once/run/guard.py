@@ -16,8 +16,8 @@ alone, a shell's children would outlive a wrapper killed by SIGKILL. So the guar
 SIGUSR1 when the wrapper dies and answers it by killing its own process group, which COMMAND
 and everything it starts share (unless they leave it with setsid); and COMMAND asks for
 SIGKILL when the guard dies, so that it dies even when wrapper and guard are killed together.
-What COMMAND started is then killed by the guard's watcher (once.run.launch.watch_group), a
-shell in the background that kills the group when the guard dies without saying it is done.
+What COMMAND started is then killed by the guard's watcher (once.run.launch.start_watcher),
+a shell that kills the group when the guard dies without saying it is done.
 Without prctl (not Linux) there are no parent-death signals at all.
 
 The guard reports to the wrapper through a pipe: `started` once COMMAND runs, then one line
@@ -63,6 +63,7 @@ def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
     stdout (1) and stderr (2) where once relays them (once.run.relay), else they are inherited.
     """
     report_r, report_w = os.pipe()
+    said = launch.start_watcher()
     wrapper = os.getpid()
     # The wrapper's collections from now on leave what the guard shares with it alone: a
     # collection touches, and so copies, every page of the objects it looks at.
@@ -81,11 +82,13 @@ def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
             for fd in (report_r, *inherited):
                 os.close(fd)
             code = _guard(command, env, tty, title, wrapper, report_w, ignored, watch,
-                          stdio or {}, mask)
+                          stdio or {}, mask, said)
         finally:
             os._exit(code)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.close(report_w)
+    if said >= 0:
+        os.close(said)  # the guard's alone now: its death is the watcher's end of file
     # Set the group from both sides, so that killpg(pid) works whoever runs first.
     with suppress(OSError):
         os.setpgid(pid, pid)
@@ -94,7 +97,8 @@ def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
 
 def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
            wrapper: int, report: int, ignored: frozenset[int],
-           watch: Watch | None, stdio: dict[int, int], mask: set[int | signal.Signals]) -> int:
+           watch: Watch | None, stdio: dict[int, int], mask: set[int | signal.Signals],
+           said: int) -> int:
     gc.disable()  # a collection would touch, and so copy, every page shared with the wrapper
     signal.set_wakeup_fd(-1)  # the wrapper's, inherited across the fork
     os.setpgid(0, 0)
@@ -106,11 +110,11 @@ def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
     launch.set_parent_death_signal(signal.SIGUSR1)
     if os.getppid() != wrapper:  # the wrapper died before the signal was armed
         _wrapper_died(signal.SIGUSR1, None)
-    watcher = launch.watch_group()
+    launch.watch_group(said)
     if tty is not None:
         take_terminal(tty, os.getpgrp())
     run_one(command, env, stdio, report, watch, held=launch.stop_held)
-    launch.watch_done(watcher)
+    launch.watch_done(said)
     return 0
 
 

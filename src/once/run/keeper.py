@@ -147,13 +147,15 @@ class Keeper:
             os.set_blocking(self.deadline[1], False)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         report, report_w = os.pipe()
-        given = (theirs.fileno(), report_w, self.deadline[0])
+        said = launch.start_watcher()
+        given = (theirs.fileno(), report_w, self.deadline[0], said)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         # Blocked until its handlers are in: a signal forwarded meanwhile must not kill it.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, []) | set(FORWARDED)
         try:
             for fd in given:
-                os.set_inheritable(fd, True)
+                if fd >= 0:
+                    os.set_inheritable(fd, True)
             self.pid = os.posix_spawn(
                 sys.executable, [sys.executable, "-I", "-S", "-c", BOOT, root, str(os.getpid()),
                                  *map(str, given)], os.environ, setpgroup=0, setsigmask=mask)
@@ -166,6 +168,8 @@ class Keeper:
             os.set_inheritable(self.deadline[0], False)
             theirs.close()
             os.close(report_w)
+            if said >= 0:
+                os.close(said)  # the guard's alone now (or nobody's: the watcher ends)
         self.channel, self.report, self.said_hello = ours, report, False
 
     def _drop(self) -> None:
@@ -187,6 +191,7 @@ class Keeper:
                     os.killpg(pid, signal.SIGKILL)
             with suppress(ChildProcessError):
                 os.waitpid(pid, 0)
+            launch.reap_watchers(0.0)
         self._drop()
 
 
@@ -204,12 +209,14 @@ def _ends(report: int, within: float) -> bool:
 
 def serve() -> None:
     """The kept guard's life: BOOT's arguments are once's path, the wrapper's pid, then the
-    request socket, the report pipe and the deadline pipe."""
-    launch.watch_done(_serve())  # ended on its own (not so: its watcher kills the group)
+    request socket, the report pipe, the deadline pipe and its watcher's pipe (-1: none)."""
+    said = int(sys.argv[6])
+    launch.watch_group(said)
+    _serve()
+    launch.watch_done(said)  # ended on its own (else its watcher kills the group)
 
 
-def _serve() -> int:
-    """The kept guard's life, its group's watcher's pipe returned when it ends on its own."""
+def _serve() -> None:
     wrapper, requests, report, deadline = map(int, sys.argv[2:6])
     gc.disable()
     signal.signal(signal.SIGUSR1, _guard._wrapper_died)
@@ -221,9 +228,8 @@ def _serve() -> int:
         _guard._wrapper_died(signal.SIGUSR1, None)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     assert launch.PRCTL is not None
-    watcher = launch.watch_group()  # before we reap orphans: it is to be nobody's child
     if launch.PRCTL(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        return watcher  # no way to see what a command leaves behind: no hello, no kept guard
+        return  # no way to see what a command leaves behind: no hello, no kept guard
     os.set_blocking(deadline, False)
     prepare()
     channel = socket.socket(fileno=requests)
@@ -251,9 +257,8 @@ def _serve() -> int:
                        held=launch.stop_held)
         launch.forget_held()  # the command's own from its start (they reach its group)
         if _left_behind():
-            return watcher  # its end of file tells the wrapper: the next period, a new guard
+            return  # its end of file tells the wrapper: the next period gets a new guard
         os.write(report, b"ready\n")
-    return watcher
 
 
 def prepare() -> None:

@@ -213,48 +213,52 @@ def _pipe_above_stdio() -> tuple[int, int]:
 
 
 
-# The guard's watcher: a shell in the background, of no group of ours, that reads a pipe whose
-# other end the guard alone holds. A guard that ends on its own says `done` first; one killed
-# (with its wrapper: `pkill -9 -f once`, whose command dies of its parent-death signal) leaves
-# the pipe's end of file, and the watcher kills the group, what the command started with it,
-# which nobody of ours was left to kill. Its command line holds no `once`: `pkill -f once`
-# passes it by. The shell forks it off and exits, so it is nobody's child of ours (a kept
-# guard's children are what its command left behind, once.run.keeper).
-_WATCHER = '(read said <&3; [ "$said" = done ] || kill -s KILL -- "-$1") 3<&3 &'
+# The guard's watcher: a shell started by the wrapper before the guard (its child, reaped by
+# it: an orphan would wait as a zombie under a container's init that reaps only its own), of
+# no group of ours, that reads a pipe whose other end the guard alone holds once the wrapper
+# has closed its own. The guard writes its group first; a guard that ends on its own then
+# says `done`; one killed (with its wrapper: `pkill -9 -f once`, whose command dies of its
+# parent-death signal) leaves the pipe's end of file, and the watcher kills the group, what
+# the command started with it, which nobody of ours was left to kill. Its command line holds
+# no `once`: `pkill -f once` passes it by.
+_WATCHER = ('read group <&3; read said <&3; '
+            '[ -z "$group" ] || [ "$said" = done ] || kill -s KILL -- "-$group"')
 SHELL = "/bin/sh"
+_watchers: list[int] = []  # their pids, to reap
 
 
-def watch_group() -> int:
-    """Start this group's watcher (the caller leads the group); the pipe's end to say `done`
-    on (close-on-exec: the command never holds it), or -1 where no shell can be started. The
-    watcher holds nothing else of ours (a pipe it held would not end with the guard), and says
-    nothing (the group may be gone when it looks)."""
+def start_watcher() -> int:
+    """Start a guard's watcher (the wrapper, before it starts the guard); the pipe's end the
+    guard tells it on (watch_group, watch_done), which the wrapper closes once the guard has
+    it; -1 where no shell can be started. The watcher holds nothing else of ours (a pipe it
+    held would not end with the guard) and says nothing (the group may be gone by then)."""
+    reap_watchers(0.0)
     read, write = os.pipe()
     actions: list[tuple[Any, ...]] = [  # 3 first: a closed stdin makes the pipe's end 0
         (os.POSIX_SPAWN_DUP2, read, 3), (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
         (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0), (os.POSIX_SPAWN_DUP2, 1, 2)]
     actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable() if fd > 3 and fd != read]
     try:
-        shell = os.posix_spawn(
-            SHELL, ["sh", "-c", _WATCHER, "sh", str(os.getpgrp())], os.environ,
-            file_actions=actions, setpgroup=0, setsigmask=(), setsigdef=FORWARDED)
-        os.waitpid(shell, 0)  # it exits once the watcher is forked
+        pid = os.posix_spawn(SHELL, ["sh", "-c", _WATCHER], os.environ, file_actions=actions,
+                             setpgroup=0, setsigmask=(), setsigdef=FORWARDED)
     except OSError:
         os.close(write)
         return -1
     finally:
         os.close(read)
+    if not _watchers:
+        import atexit
+
+        atexit.register(reap_watchers)
+    _watchers.append(pid)
     return write
 
 
-def _inheritable() -> list[int]:
-    """This process's descriptors that an exec keeps (a kept guard's from the wrapper)."""
-    found = []
-    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
-        with suppress(OSError):  # the listing's own, closed by now
-            if os.get_inheritable(int(name)):
-                found.append(int(name))
-    return found
+def watch_group(said: int) -> None:
+    """Tell the watcher which group to kill should this guard die (the guard leads it)."""
+    if said >= 0:
+        with suppress(OSError):
+            os.write(said, f"{os.getpgrp()}\n".encode())
 
 
 def watch_done(said: int) -> None:
@@ -263,6 +267,35 @@ def watch_done(said: int) -> None:
     if said >= 0:
         with suppress(OSError):
             os.write(said, b"done\n")
+
+
+def reap_watchers(within: float = 2.0) -> None:
+    """Reap the watchers that have ended (each ends with its guard), waiting `within` seconds
+    at most for those still there."""
+    import time
+
+    until = time.monotonic() + within
+    for pid in list(_watchers):
+        while True:
+            try:
+                ended = os.waitpid(pid, os.WNOHANG)[0] == pid
+            except ChildProcessError:  # reaped already (once as PID 1 reaps every child)
+                ended = True
+            if ended or time.monotonic() >= until:
+                break
+            time.sleep(0.005)
+        if ended:
+            _watchers.remove(pid)
+
+
+def _inheritable() -> list[int]:
+    """This process's descriptors that an exec keeps (0-2, and any made so)."""
+    found = []
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+        with suppress(OSError):  # the listing's own, closed by now
+            if os.get_inheritable(int(name)):
+                found.append(int(name))
+    return found
 
 
 def ignore(_signum: int, _frame: object) -> None:

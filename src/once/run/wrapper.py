@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from once.deadlines import lease_now, max_grace
 from once.run import guard as _guard
-from once.run import machine
+from once.run import launch, machine
 from once.run.lease import STALLED, Lease
 from once.run.machine import Outcome as Outcome  # once.run.flow's, from here
 from once.run.stops import FORWARDED, NOT_STARTED, Stop
@@ -459,6 +459,7 @@ class _Supervisor:
                 os.waitpid(self.guard, 0)
             if self.reap_all:
                 _guard.reap_ended()
+            launch.reap_watchers(0.0)  # those that have ended (the last one: at our end)
 
 
 def _deadline_pipe() -> tuple[int, int]:
