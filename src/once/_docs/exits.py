@@ -44,7 +44,9 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
                 "(or kept failing the write) until the final write's bound, or refused it "
                 "with an error no retry cures, at once; the `once:` line says which. The row "
                 "is then left to go stale, and the period is run again, at most 3 times "
-                "`--max-attempts` attempts in all.",
+                "`--max-attempts` attempts in all; a write that got no answer may still land "
+                "after `once` has ended (a server that was only slow, a lock let go), and then "
+                "the period stays done (the line says so: `as far as once knows`).",
             ),
             ("124", "`--timeout` ended the command."),
             ("128+<N>", "`--all-shards` stopped by signal <N> (SIGTERM, SIGINT, SIGHUP) when "
