@@ -282,8 +282,8 @@ def _ended(fields: list[bytes]) -> bool:
 def reap_ended() -> None:
     """Reap every child that has ended (PID 1's orphans), waiting for none."""
     with suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
+        while (pid := os.waitpid(-1, os.WNOHANG)[0]) > 0:
+            launch.watcher_reaped(pid)
 
 
 def wait_status(ended: os.waitid_result) -> int:

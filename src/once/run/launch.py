@@ -269,6 +269,13 @@ def watch_done(said: int) -> None:
             os.write(said, b"done\n")
 
 
+def watcher_reaped(pid: int) -> None:
+    """A child reaped elsewhere (as PID 1, every child that ends): if a watcher, its pid is
+    no longer one to wait for (it may be another child's by the time we would)."""
+    with suppress(ValueError):
+        _watchers.remove(pid)
+
+
 def reap_watchers(within: float = 2.0) -> None:
     """Reap the watchers that have ended (each ends with its guard), waiting `within` seconds
     at most for those still there."""

@@ -450,6 +450,7 @@ class _Supervisor:
                 self.guard_status = _guard.wait_status(ended)
             else:  # an orphan (PID 1); the first ended child is looked at first
                 os.waitpid(ended.si_pid, 0)
+                launch.watcher_reaped(ended.si_pid)
 
     def _release(self) -> None:
         """Reap the guard, whose status _reap took (and, as PID 1, what ended meanwhile): once,
