@@ -382,6 +382,8 @@ def shell(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[Any]]]:
     command the kernel cannot be asked about (it ends with exit status 0)."""
     calls: dict[str, list[Any]] = {"killpg": [], "waitid": [], "waitpid": []}
     monkeypatch.setattr(wrapper._guard, "command_gone", lambda guard: False)
+    # No guard's watcher of an earlier test in this process to reap (once.run.launch).
+    monkeypatch.setattr(wrapper.launch, "_watchers", [])
     monkeypatch.setattr(os, "killpg", lambda pid, sig: calls["killpg"].append((pid, sig)))
 
     def waitpid(pid: int, options: int) -> tuple[int, int]:
