@@ -73,3 +73,26 @@ def test_a_command_not_found_fails_with_execvpe_error(tmp_path: Path) -> None:
         assert exc.errno == 2  # ENOENT, the search's own
     else:
         raise AssertionError("a missing command started")
+
+
+_CLOSED_STDIO = """
+import os
+os.close(0); os.close(1)
+from once.run import launch
+said = launch.start_watcher()
+launch.watch_group(said); launch.watch_done(said); os.close(said)
+launch.reap_watchers()
+os.write(2, f"{said}\\n".encode())
+"""
+
+
+def test_a_watcher_s_pipe_is_never_a_command_s_stdout() -> None:
+    # Started with stdin and stdout closed, once's pipes took 0 and 1: the guard's watcher's
+    # would then be what a command inherits as its stdout, and read its lines as the guard's.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _CLOSED_STDIO], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stderr) > 2, done.stderr

@@ -233,7 +233,7 @@ def start_watcher() -> int:
     it; -1 where no shell can be started. The watcher holds nothing else of ours (a pipe it
     held would not end with the guard) and says nothing (the group may be gone by then)."""
     reap_watchers(0.0)
-    read, write = os.pipe()
+    read, write = _pipe_above_stdio()  # never a command's stdout: 0-2 may be free
     actions: list[tuple[Any, ...]] = [  # 3 first: a closed stdin makes the pipe's end 0
         (os.POSIX_SPAWN_DUP2, read, 3), (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
         (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0), (os.POSIX_SPAWN_DUP2, 1, 2)]
