@@ -239,7 +239,9 @@ def start_watcher() -> int:
         (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0), (os.POSIX_SPAWN_DUP2, 1, 2)]
     actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable() if fd > 3 and fd != read]
     try:
-        pid = os.posix_spawn(SHELL, ["sh", "-c", _WATCHER], os.environ, file_actions=actions,
+        # An empty environment: nothing of ours (a URL's password), and nothing a shell
+        # imports (bash takes exported functions, named `read` or `kill`, from it).
+        pid = os.posix_spawn(SHELL, ["sh", "-c", _WATCHER], {}, file_actions=actions,
                              setpgroup=0, setsigmask=(), setsigdef=FORWARDED)
     except OSError:
         os.close(write)
