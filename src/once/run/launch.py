@@ -280,19 +280,24 @@ def watcher_reaped(pid: int) -> None:
 
 def reap_watchers(within: float = 2.0) -> None:
     """Reap the watchers that have ended (each ends with its guard), waiting `within` seconds
-    at most for those still there."""
+    at most for those still there (on a pidfd: readable once the process has ended)."""
+    import select
     import time
 
     until = time.monotonic() + within
     for pid in list(_watchers):
-        while True:
-            try:
-                ended = os.waitpid(pid, os.WNOHANG)[0] == pid
-            except ChildProcessError:  # reaped already (once as PID 1 reaps every child)
-                ended = True
-            if ended or time.monotonic() >= until:
-                break
-            time.sleep(0.005)
+        left = until - time.monotonic()
+        if left > 0:
+            with suppress(OSError):  # gone already, or no pidfd here: waitpid says
+                pidfd = os.pidfd_open(pid)
+                try:
+                    select.select([pidfd], [], [], left)
+                finally:
+                    os.close(pidfd)
+        try:
+            ended = os.waitpid(pid, os.WNOHANG)[0] == pid
+        except ChildProcessError:  # reaped already (once as PID 1 reaps every child)
+            ended = True
         if ended:
             _watchers.remove(pid)
 
