@@ -290,8 +290,10 @@ def reap_watchers(within: float = 2.0) -> None:
         if left > 0:
             with suppress(OSError):  # gone already, or no pidfd here: waitpid says
                 pidfd = os.pidfd_open(pid)
-                try:
-                    select.select([pidfd], [], [], left)
+                try:  # poll: select takes no descriptor numbered 1024 or more
+                    poller = select.poll()
+                    poller.register(pidfd, select.POLLIN)
+                    poller.poll(left * 1000)
                 finally:
                     os.close(pidfd)
         try:
