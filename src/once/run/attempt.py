@@ -164,15 +164,13 @@ def trouble(lease: Lease, what: str) -> str:
 def unrecorded(lease: Lease, status: Status, attempt: int, max_attempts: int) -> tuple[str, str]:
     """The words (and the log event) of a result the ledger did not take."""
     why = trouble(lease, "the write")
+    said = f"was not recorded ({lease.last_error}); the period will be retried"
     if lease.failure == "no-answer":  # on its way, or waiting on a lock: it may land yet
-        return (f"{why}, the result ({status}) was not recorded as far as once knows "
-                f"({lease.last_error}: the write may still land, left waiting on the server); "
-                f"unless it lands, the period will be retried once its claim goes stale "
-                f"(attempt {attempt} of at most {attempt_cap(max_attempts)})",
-                "unreachable" if why.endswith("unreachable") else "not-recorded")
-    return (f"{why}, the result ({status}) was not recorded ({lease.last_error}); the period "
-            f"will be retried once its claim goes stale (attempt {attempt} of at most "
-            f"{attempt_cap(max_attempts)})",
+        said = (f"was not recorded as far as once knows ({lease.last_error}: the write may "
+                f"still land, left waiting on the server); unless it lands, the period will "
+                f"be retried")
+    return (f"{why}, the result ({status}) {said} once its claim goes stale (attempt {attempt} "
+            f"of at most {attempt_cap(max_attempts)})",
             "unreachable" if why.endswith("unreachable") else "not-recorded")
 
 

@@ -266,11 +266,7 @@ def prepare() -> None:
     but 0, 1 and 2 closed by the exec (ours, and any once inherited), and SIGPIPE and
     SIGXFSZ, which Python ignores, caught instead (exec resets a caught signal to its
     default; an ignored one stays ignored). The guard itself sees EPIPE either way."""
-    try:
-        fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        fds = list(range(3, launch.MAXFD))
-    for fd in fds:
+    for fd in launch.open_fds():
         if fd > 2:
             with suppress(OSError):  # the listing's own descriptor, already closed
                 os.set_inheritable(fd, False)

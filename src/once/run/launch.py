@@ -188,11 +188,7 @@ def _close_inherited(keep: tuple[int, ...]) -> None:
     """Close every descriptor but 0, 1, 2 and keep's: the ones /proc lists (a loop up to the
     descriptor limit could take minutes where that limit is a billion), else all up to
     the limit."""
-    try:
-        fds: Iterable[int] = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        fds = range(3, MAXFD)
-    for fd in fds:
+    for fd in open_fds():
         if fd > 2 and fd not in keep:
             with suppress(OSError):  # the listing's own descriptor, already closed
                 os.close(fd)
@@ -210,7 +206,6 @@ def _pipe_above_stdio() -> tuple[int, int]:
     for fd in ends:
         os.close(fd)
     return moved[0], moved[1]
-
 
 
 # The guard's watcher: a shell started by the wrapper before the guard (its child, reaped by
@@ -304,13 +299,22 @@ def reap_watchers(within: float = 2.0) -> None:
             _watchers.remove(pid)
 
 
+def open_fds() -> Iterable[int]:
+    """This process's descriptors: the ones /proc lists (its listing's own among them, closed
+    by now), else every number up to the limit."""
+    try:
+        return [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return range(3, MAXFD)
+
+
 def _inheritable() -> list[int]:
     """This process's descriptors that an exec keeps (0-2, and any made so)."""
     found = []
-    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
-        with suppress(OSError):  # the listing's own, closed by now
-            if os.get_inheritable(int(name)):
-                found.append(int(name))
+    for fd in open_fds() if os.path.isdir("/proc/self/fd") else ():  # no loop to the limit
+        with suppress(OSError):  # not open (the listing's own, closed by now)
+            if os.get_inheritable(fd):
+                found.append(fd)
     return found
 
 
