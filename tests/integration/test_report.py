@@ -652,3 +652,43 @@ def test_check_finds_every_gap_among_many_rows(once_env: dict[str, str], ledger_
                                    ledger_url), ("big",))
     code, lines = check_lines(once_env)
     assert (code, lines) == (0, [f"OK 1 job: every due period done ({ledger(once_env)})"])
+
+
+@pytest.mark.parametrize("report", [("status",), ("check",), ("metrics",),
+                                    ("history", "behind"), ("logs", "behind")])
+def test_a_report_behind_a_table_another_session_locked_ends_at_its_bound(
+        ledger_url: str, once_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+        report: tuple[str, ...]) -> None:
+    # A `LOCK TABLE` or DDL left in an open transaction held every report for as long as it
+    # was held, `once check` in a monitoring system's hands among them: it now gives up at
+    # records.LOCK_WAIT (60 s; 1 s here), exit 75, saying which lock it waited on.
+    target = parse_url(ledger_url)
+    if target.dialect == "sqlite":
+        pytest.skip("a WAL ledger's readers wait on no writer")
+    from once.ledger import fleet
+    from once.ledger.connect import connect
+    from once.report import snapshot
+
+    monkeypatch.setattr(fleet, "LOCK_WAIT", 1.0)
+    monkeypatch.setattr(snapshot, "LOCK_WAIT", 1.0)
+    assert run_today(once_env, "behind").returncode == 0
+    holder = connect(target, 10, autocommit=target.dialect != "postgresql")
+    try:
+        holder.cursor().execute("LOCK TABLE once_runs IN ACCESS EXCLUSIVE MODE"
+                                if target.dialect == "postgresql" else
+                                "LOCK TABLES once_runs WRITE, once_attempts WRITE")
+        began = datetime.now(UTC)
+        result = once(once_env, *report)
+        took = (datetime.now(UTC) - began).total_seconds()
+    finally:
+        if target.dialect == "postgresql":
+            holder.rollback()
+        else:
+            holder.cursor().execute("UNLOCK TABLES")
+        holder.close()
+    assert result.returncode == 75, (result.stdout, result.stderr)
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"once: cannot read the ledger {target.redacted}: waited on a "
+                           f"table's lock held by another session past 1s ("), line
+    assert took < 30, took
+    assert once(once_env, *report).returncode == 0  # and reads again once it is let go

@@ -352,3 +352,17 @@ def test_job_names_fail_silently(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         f"sqlite:///{tmp_path}/missing/ledger.db",
     ):
         assert job_names(_ctx(db=url), param, "") == [], url
+
+
+def test_the_lock_wait_the_pages_name_is_the_codes() -> None:
+    # The exit statuses, `once check`'s help and the monitoring page name the reports' (and
+    # prune's, schema's) bound on a table's lock in words: the same number as the code's.
+    from once.ledger.records import LOCK_WAIT
+
+    said = f"{LOCK_WAIT:g}"
+    root = Path(__file__).resolve().parents[2]
+    pages = (root / "docs/reference/exit-status.md").read_text() \
+        + (root / "docs/how-to/monitoring.md").read_text()
+    assert len(re.findall(rf"for longer than {said} s|waited for {said} s at most", pages)) == 3
+    check = load_commands()["check"]
+    assert f"locked past {said}s" in " ".join((check.help or "").split())

@@ -99,6 +99,13 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
                 "component (`not-ready`). "
                 "The line names the ledger read.",
             ),
+            (
+                "75",
+                "The ledger could not be read: the server unreachable, or answering with an "
+                "error, or a table of the ledger locked by another session (`LOCK TABLE`, DDL "
+                "in an open transaction) for longer than 60 s, every report's bound. Nothing "
+                "was checked: no finding is printed, the `once:` line on stderr says why.",
+            ),
         ),
     ),
     (
@@ -141,7 +148,9 @@ EXIT_STATUS: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     (
         "other commands",
         "0 on success, 2 on a usage error, 75 when the ledger could not be "
-        "reached or answered with an error.",
+        "reached or answered with an error; a table of the ledger that another session "
+        "keeps locked (`LOCK TABLE`, DDL in an open transaction) is waited for 60 s at "
+        "most, then 75 too.",
         (),
     ),
 )

@@ -187,7 +187,9 @@ def check(jobs: tuple[str, ...], db: str | None, db_password_file: str | None,
     (once lead) without a leader for longer than its lease plus --grace (leaderless), or a
     JOB named that is neither a job nor a lead name, 3 (UNKNOWN) no job or lead name in the
     ledger at all (the wrong ledger?), a PostgreSQL standby lagging past --grace, or a
-    Galera node outside the Primary component.
+    Galera node outside the Primary component; 75 when the ledger cannot be read (the
+    server unreachable or failing, a table another session locked past 60s): nothing was
+    checked.
 
     Each finding is one line on stdout, `SEVERITY JOB PERIOD PROBLEM (DETAILS)` (a lead
     name's: `CRITICAL NAME - leaderless (DETAILS)`), most severe first; `OK ...` naming the

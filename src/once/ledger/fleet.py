@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from once.ledger.dialects import of
 from once.ledger.gap_rows import LedgerRows
 from once.ledger.records import (
+    LOCK_WAIT,
     SCHEMA_VERSION,
     LedgerError,
     describe,
+    lock_wait_said,
     newer_schema,
 )
 from once.ledger.rows import (
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection as SqlalchemyConnection
 
     from once.ledger.dbapi import Connection, Params, Row
+    from once.ledger.dialect import Dialect
 
 CHUNK = 200  # jobs per COUNT statement (SQLite allows 500 terms in a compound SELECT)
 NAMES = 500  # names per IN list
@@ -374,15 +377,25 @@ class Snapshot:
                 for row in self._read(sql.format(names=_marks(len(chunk))), _named(chunk))]
 
     def _read(self, sql: str, params: Params) -> list[Row]:
-        try:
+        with self._errors():
             return self.backend.fetch(self.conn, sql, params)
+
+    def _send(self, sql: str) -> None:
+        """A statement that returns no rows (a SET)."""
+        with self._errors():
+            self.conn.cursor().execute(sql)
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
         except Exception as exc:
             if self.backend.schema_missing(exc, columns=False):
                 raise NoLedger from None
             if not _driver_error(exc):
                 raise
             raise LedgerError(f"cannot read the ledger {self.target.redacted}: "
-                              f"{describe(exc)}") from exc
+                              f"{failed_read(self.backend, exc)}") from exc
 
     def _names(self, names: Sequence[str]) -> str | list[str]:
         """Names as one parameter: a JSON list (SQLite) or an array (PostgreSQL)."""
@@ -399,6 +412,8 @@ class Snapshot:
     def _begin(self) -> None:
         for sql in self.backend.snapshot_begin:  # PostgreSQL: none, its connection is
             self._read(sql, {})  # REPEATABLE READ, read only, and its first read begins
+        for sql in self.backend.lock_waits(LOCK_WAIT):  # a table another session
+            self._send(sql)  # locked (`LOCK TABLE`, DDL in an open transaction)
 
     def _close(self) -> None:
         with suppress(Exception):  # a dead connection is gone anyway
@@ -417,6 +432,14 @@ def _connect(target: Target) -> Connection:
         if not (_driver_error(exc) or isinstance(exc, (OSError, ValueError))):
             raise
         raise LedgerError(f"cannot read the ledger {target.redacted}: {describe(exc)}") from exc
+
+
+def failed_read(backend: Dialect, exc: BaseException) -> str:
+    """What a report's read that failed with exc says: a lock it waited on, where it did. A
+    consistent read takes no row's lock: a table's, held by `LOCK TABLE` or by DDL."""
+    if backend.lock_waited(exc):
+        return f"{lock_wait_said('a table', LOCK_WAIT)} ({describe(exc)})"
+    return describe(exc)
 
 
 def _driver_error(exc: BaseException) -> bool:

@@ -30,6 +30,19 @@ if TYPE_CHECKING:
 # once_runs.interrupted
 SCHEMA_VERSION = 5
 
+# How long a command outside the hot path waits for a lock another session holds (the schema
+# lock, a table's behind an open transaction or a `LOCK TABLE`, a row's): a creation, upgrade
+# or prune (once.ledger.schema) and the reports' reads (once.ledger.fleet, once.report) alike;
+# as long as MySQL's schema lock, GET_LOCK, waits. Without it PostgreSQL and MySQL's metadata
+# locks wait for ever: a first use whose commit waited for a synchronous standby that is down
+# held every later first use behind its schema lock, and `once check` hung behind a table's.
+LOCK_WAIT = 60.0
+
+
+def lock_wait_said(lock: str, limit: float) -> str:
+    """The words for a statement that gave up waiting on `lock`'s lock at `limit` seconds."""
+    return f"waited on {lock}'s lock held by another session past {limit:g}s"
+
 
 def schema_gate(integer: str) -> str:
     """A condition that holds while the ledger's schema is not newer than this once's: every

@@ -28,8 +28,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+from once.ledger.records import LOCK_WAIT, LedgerError, describe
 from once.ledger.records import SCHEMA_VERSION as SCHEMA_VERSION  # its home, re-exported
-from once.ledger.records import LedgerError, describe
 from once.ledger.tables import ONLY_ON, metadata
 from once.ledger.upgrade import upgrade
 from once.ledger.url import Target, create_private
@@ -113,11 +113,6 @@ def ensure(target: Target, statement_timeout: float = 10.0) -> None:
 # How long a creation looks again while a node of a Galera cluster made (part of) it at the
 # same moment (Dialect.made_elsewhere: GET_LOCK is the node's own, not the cluster's).
 _MADE_ELSEWHERE_FOR = 60.0  # seconds: as long as GET_LOCK waits for another process's turn
-# How long a creation, upgrade or prune waits for a lock (the schema lock another process
-# holds, a table's behind an open transaction, a row's): as long as GET_LOCK waits. Without
-# it PostgreSQL and MySQL's metadata locks wait for ever, and a first use whose commit waited
-# for a synchronous standby that is down held every later first use behind its schema lock.
-LOCK_WAIT = 60.0
 
 
 def bound_lock_waits(conn: Connection, target: Target) -> None:

@@ -14,7 +14,8 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
 from once.ledger import LedgerError, Target, describe, dialects, newer_schema
-from once.ledger.fleet import NoLedger, Snapshot
+from once.ledger.fleet import NoLedger, Snapshot, failed_read
+from once.ledger.records import LOCK_WAIT
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -48,6 +49,8 @@ def reading(target: Target) -> Iterator[Connection]:
             with eng.connect() as conn:
                 conn = conn.execution_options(**dialects.of(target).snapshot_options(False))
                 with conn.begin():
+                    for sql in dialects.of(target).lock_waits(LOCK_WAIT):  # a table's lock
+                        conn.exec_driver_sql(sql)
                     version = engines.schema_version(conn)
                     if version > tables.SCHEMA_VERSION:
                         raise newer_schema(version)
@@ -63,10 +66,9 @@ def reading(target: Target) -> Iterator[Connection]:
     except SQLAlchemyError as exc:
         if engines.is_missing_table(target, exc):
             raise NoLedger from None
-        raise LedgerError(
-            f"cannot read the ledger {target.redacted}: {describe(exc.orig or exc)}"
-            if hasattr(exc, "orig") else f"cannot read the ledger {target.redacted}: {exc}"
-        ) from exc
+        said = failed_read(dialects.of(target), exc.orig or exc) if hasattr(exc, "orig") \
+            else str(exc)
+        raise LedgerError(f"cannot read the ledger {target.redacted}: {said}") from exc
     finally:
         eng.dispose()
 
