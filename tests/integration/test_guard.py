@@ -166,6 +166,114 @@ def test_killing_wrapper_and_guard_together_kills_what_the_command_started(
 
 
 
+# The shell's pid, then its background sleep's (deaf to SIGTERM); the shell ends at `go`.
+ENDS_AT_GO = ('exec 2>>"$DIR/child.err"; echo $$ > "$DIR/pids"; '
+              'sh -c \'trap "" TERM; exec sleep 600\' & echo $! >> "$DIR/pids"; '
+              'while [ ! -e "$DIR/go" ]; do sleep 0.05; done')
+
+
+@pytest.mark.parametrize("how", ["lead", "run-stopped"])
+def test_what_a_command_leaves_dies_with_it_while_once_is_stopped(
+        env: dict[str, str], tmp_path: Path, how: str) -> None:
+    # The guard said `done` to its watcher as its command ended; what the command left in
+    # the group was then the wrapper's alone to kill (a term's end, or a command's after a
+    # stop). A wrapper stopped (SIGSTOP, a debugger, starved) then left it running past the
+    # lease, beside the next leader, and for good once killed (an attacker's finding). The
+    # guard now kills the group itself as it ends, in those two cases.
+    command = (["lead", "--name", "leaves", "--lease", CALM] if how == "lead" else
+               ["run", "--job", "leaves", *DAY, "--stale-after", CALM])
+    owner = start_once(*command, "--", "sh", "-c", ENDS_AT_GO, env=env)
+    (shell, leftover), guard = started(tmp_path)
+    os.kill(owner.pid, signal.SIGSTOP)
+    try:
+        if how == "lead":
+            (tmp_path / "go").touch()  # the term's command ends on its own
+        else:
+            os.killpg(guard, signal.SIGTERM)  # a stop: the shell dies of it, its child not
+        wait_for(lambda: not alive(shell), timeout=10.0, what="the command to end")
+        wait_for(lambda: not alive(leftover), timeout=10.0,
+                 what="what the command left to die while once is stopped")
+    finally:
+        os.kill(owner.pid, signal.SIGCONT)
+    owner.wait(30)
+    assert owner.returncode == (0 if how == "lead" else 143), owner.stderr.read()
+
+
+def test_a_command_s_leftover_lives_on_after_a_plain_end(env: dict[str, str],
+                                                         tmp_path: Path) -> None:
+    # The documented other side: `once run`'s command that ends on its own, unstopped,
+    # leaves what it started in the background running (the watcher's `case` says `done`
+    # in every /bin/sh: yash's `[` needed a PATH, and the group was killed).
+    owner = start_once("run", "--job", "plain", *DAY, "--", "sh", "-c", ENDS_AT_GO, env=env)
+    (shell, leftover), _ = started(tmp_path)
+    (tmp_path / "go").touch()
+    assert owner.wait(30) == 0, owner.stderr.read() if owner.stderr else ""
+    assert not alive(shell) and alive(leftover)
+    os.kill(leftover, signal.SIGKILL)
+
+
+def test_a_guard_whose_watcher_finds_no_descriptor_goes_without() -> None:
+    # Out of descriptors at the watcher's pipe: a traceback, exit 1, the row left running
+    # (an attacker's finding). As where no shell can start, the guard goes without one.
+    from once.run import launch
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    taken: list[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1, hard))
+    try:
+        with suppress(OSError):  # every number under the limit taken
+            while True:
+                taken.append(os.open(os.devnull, os.O_RDONLY))
+        with pytest.raises(OSError):
+            os.pipe()
+        assert launch.start_watcher() == -1
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("sh", ["dash", "bash", "busybox", "mksh", "yash", "zsh"])
+@pytest.mark.parametrize("said", ["done", "killed", "nothing"])
+def test_the_watcher_kills_the_group_only_when_the_guard_dies_in_every_sh(
+        sh: str, said: str, tmp_path: Path) -> None:
+    # The watcher's script as each POSIX shell Debian packages runs it as /bin/sh, in the
+    # watcher's empty environment: yash ran its `[` only where PATH found one, and killed
+    # the group after every `done` (an attacker's finding). As /bin/sh, each runs as `sh`.
+    import shutil
+
+    from once.run import launch
+
+    found = shutil.which(sh)
+    if found is None:
+        if os.environ.get("ONCE_TEST_SHELLS") == "required":
+            pytest.fail(f"ONCE_TEST_SHELLS=required, but there is no {sh}")
+        pytest.skip(f"no {sh} (Debian: apt-get install {sh}; CI requires it)")
+    victim = subprocess.Popen(["sleep", "60"], process_group=0)
+    read, write = os.pipe()
+    try:
+        errors = tmp_path / "watcher.err"
+        watcher = os.posix_spawn(found, ["sh", "-c", launch._WATCHER], {}, file_actions=[
+            (os.POSIX_SPAWN_DUP2, read, 3),
+            (os.POSIX_SPAWN_OPEN, 2, str(errors), os.O_WRONLY | os.O_CREAT, 0o600)])
+        os.close(read)
+        told = {"done": f"{victim.pid}\ndone\n", "killed": f"{victim.pid}\n",
+                "nothing": ""}[said]
+        os.write(write, told.encode())
+        os.close(write)  # the guard's end: it ended (done), or died
+        status = os.waitpid(watcher, 0)[1]
+        complaint = errors.read_text()
+        if said == "killed":
+            assert victim.wait(10) == -signal.SIGKILL, complaint
+        else:
+            assert os.waitstatus_to_exitcode(status) == 0, complaint
+            assert victim.poll() is None, complaint
+    finally:
+        victim.kill()
+        victim.wait()
+
+
 # As PID 1 of a container, a program that waits for its own children alone (a scheduler that
 # runs `once run` with subprocess): then counts the zombies of its namespace.
 _REAPS_ITS_OWN = """

@@ -209,6 +209,42 @@ def test_a_final_write_answered_while_once_exits_still_exits_75(
             assert "not recorded as far as once knows" in line, line
 
 
+@pytest.mark.slow
+def test_a_final_write_that_waits_on_a_row_lock_to_its_bound_says_what_is_certain(
+        once_env: dict[str, str], tmp_path: Path, ledger_url: str) -> None:
+    # PostgreSQL: the final write's last try was left waiting on the row lock at the write's
+    # bound, and once said `the ledger stayed unreachable ... as far as once knows`: the
+    # ledger was reachable, and the write could land later (an attacker's finding). The
+    # watchdog now cancels that try just before the bound: the server answers that it waited
+    # on a row lock, nothing can land after once has ended, and the line says so.
+    if not ledger_url.startswith("postgresql"):
+        pytest.skip("PostgreSQL's statements alone are cancelled by once's own watchdog")
+    env = {**once_env, "DIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [ONCE, "run", "--job", "held", "--every", "day", "--stale-after", "3s", "--", "sh",
+         "-c", 'touch "$DIR/started"; while [ ! -e "$DIR/go" ]; do sleep 0.05; done'],
+        env=env, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (tmp_path / "started").exists(), what="the command")
+    lock = _RowLock(ledger_url)
+    try:
+        (tmp_path / "go").touch()  # the command succeeds; its result waits for the lock
+        _, err = proc.communicate(timeout=120)
+    finally:
+        lock.release()
+    assert proc.returncode == 75, err
+    [line] = err.splitlines()
+    assert "the write waited on a row lock held by another session, the result (done) was " \
+           "not recorded (" in line, line
+    assert "as far as once knows" not in line and "unreachable" not in line, line
+    # Nothing of once's is left on the server that could still land:
+    wait_for(lambda: not query(ledger_url, "SELECT 1 FROM pg_stat_activity WHERE datname = "
+                                           "current_database() AND pid <> pg_backend_pid() "
+                                           "AND state <> 'idle'"),
+             what="the server's sessions to be idle")
+    [(status,)] = query(ledger_url, "SELECT status FROM once_runs WHERE job = 'held'")
+    assert status == "running"
+
+
 def test_a_first_use_waits_for_the_schema_on_one_connection(
         once_env: dict[str, str], tmp_path: Path, ledger_url: str, backend: Any) -> None:
     # torture, contention on MariaDB: 96 `once run` released together on a ledger without

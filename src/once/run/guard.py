@@ -52,8 +52,8 @@ Watch = tuple[int, float, float]
 
 def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
           ignored: frozenset[int] = frozenset(), watch: Watch | None = None,
-          inherited: tuple[int, ...] = (), stdio: dict[int, int] | None = None
-          ) -> tuple[int, int]:
+          inherited: tuple[int, ...] = (), stdio: dict[int, int] | None = None,
+          end_group: bool = False) -> tuple[int, int]:
     """Fork the guard; return its pid and its report pipe.
 
     The guard has one thread, the forking one. The wrapper's threads that exist at the fork
@@ -61,6 +61,8 @@ def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
 
     inherited: the wrapper's own descriptors, which the guard closes. stdio: the command's
     stdout (1) and stderr (2) where once relays them (once.run.relay), else they are inherited.
+    end_group: once the command has ended, nothing it left in the group carries on (once
+    lead's terms), as after a stop.
     """
     report_r, report_w = os.pipe()
     said = launch.start_watcher()
@@ -82,7 +84,7 @@ def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
             for fd in (report_r, *inherited):
                 os.close(fd)
             code = _guard(command, env, tty, title, wrapper, report_w, ignored, watch,
-                          stdio or {}, mask, said)
+                          stdio or {}, mask, said, end_group)
         finally:
             os._exit(code)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -98,7 +100,7 @@ def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
 def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
            wrapper: int, report: int, ignored: frozenset[int],
            watch: Watch | None, stdio: dict[int, int], mask: set[int | signal.Signals],
-           said: int) -> int:
+           said: int, end_group: bool) -> int:
     gc.disable()  # a collection would touch, and so copy, every page shared with the wrapper
     signal.set_wakeup_fd(-1)  # the wrapper's, inherited across the fork
     os.setpgid(0, 0)
@@ -114,6 +116,11 @@ def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
     if tty is not None:
         take_terminal(tty, os.getpgrp())
     run_one(command, env, stdio, report, watch, held=launch.stop_held)
+    if end_group or launch.stop_held():
+        # A term's end, or the command's after a stop (which reached the group, and so us):
+        # what it left dies now, with this guard, whatever the wrapper's state (stopped, say,
+        # with the lease running out); the watcher, at our end of file, sends its SIGKILL too.
+        os.killpg(0, signal.SIGKILL)
     launch.watch_done(said)
     return 0
 

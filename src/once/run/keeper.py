@@ -87,7 +87,8 @@ class Keeper:
 
     def spawn(self, command: list[str], env: dict[str, str], tty: int | None, title: str,
               ignored: frozenset[int], watch: _guard.Watch | None,
-              _inherited: tuple[int, ...], stdio: dict[int, int] | None) -> tuple[int, int]:
+              _inherited: tuple[int, ...], stdio: dict[int, int] | None,
+              _end_group: bool = False) -> tuple[int, int]:
         """once.run.guard.spawn's part for a kept guard: hand it the period; its pid and
         report pipe. A guard that died meanwhile shows as one that died before the command
         started."""
@@ -189,9 +190,9 @@ class Keeper:
             if not _ends(report, 1.0):
                 with suppress(OSError):
                     os.killpg(pid, signal.SIGKILL)
+            launch.end_watchers()  # before the group's number is free
             with suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-            launch.reap_watchers(0.0)
         self._drop()
 
 

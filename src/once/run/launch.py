@@ -215,9 +215,11 @@ def _pipe_above_stdio() -> tuple[int, int]:
 # says `done`; one killed (with its wrapper: `pkill -9 -f once`, whose command dies of its
 # parent-death signal) leaves the pipe's end of file, and the watcher kills the group, what
 # the command started with it, which nobody of ours was left to kill. Its command line holds
-# no `once`: `pkill -f once` passes it by.
+# no `once`: `pkill -f once` passes it by. `case`, not `[`: yash runs its `[` only where PATH
+# finds one, and the watcher's environment is empty (an attacker's finding: it killed the
+# group after every `done`).
 _WATCHER = ('read group <&3; read said <&3; '
-            '[ -z "$group" ] || [ "$said" = done ] || kill -s KILL -- "-$group"')
+            'case "$group/$said" in /*|*/done) ;; *) kill -s KILL -- "-$group" ;; esac')
 SHELL = "/bin/sh"
 _watchers: list[int] = []  # their pids, to reap
 
@@ -228,7 +230,10 @@ def start_watcher() -> int:
     it; -1 where no shell can be started. The watcher holds nothing else of ours (a pipe it
     held would not end with the guard) and says nothing (the group may be gone by then)."""
     reap_watchers(0.0)
-    read, write = _pipe_above_stdio()  # never a command's stdout: 0-2 may be free
+    try:
+        read, write = _pipe_above_stdio()  # never a command's stdout: 0-2 may be free
+    except OSError:  # out of descriptors: the guard goes without, as without a shell
+        return -1
     actions: list[tuple[Any, ...]] = [  # 3 first: a closed stdin makes the pipe's end 0
         (os.POSIX_SPAWN_DUP2, read, 3), (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
         (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0), (os.POSIX_SPAWN_DUP2, 1, 2)]
@@ -271,6 +276,19 @@ def watcher_reaped(pid: int) -> None:
     no longer one to wait for (it may be another child's by the time we would)."""
     with suppress(ValueError):
         _watchers.remove(pid)
+
+
+def end_watchers(within: float = 1.0) -> None:
+    """Before a guard is reaped: its watcher has ended, on its own within `within` seconds
+    (it has the guard's `done`, or its end of file, by now), else killed (stopped, starved).
+    Reaped, the guard frees its group's number: a watcher's kill sent after that could hit a
+    newcomer that has it (an outside attacker's finding). The watchers are our unreaped
+    children: their pids are no stranger's."""
+    reap_watchers(within)
+    for pid in _watchers:
+        with suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    reap_watchers(within)
 
 
 def reap_watchers(within: float = 2.0) -> None:

@@ -136,13 +136,18 @@ class Lease:
         limit = self.deadline if until is None else until
         if not self.lock.acquire(timeout=max(floor, limit - lease_now())):
             raise NoAnswer("a renewal got no answer from the ledger")
+        bound = lease_now() + max(floor, limit - lease_now())
         box: list[T] = []
         error: list[BaseException] = []
         done = threading.Event()
 
         def work() -> None:
             try:
-                box.append(action())
+                # PostgreSQL's watchdog cancels the statement just before the bound, so that
+                # the server's answer (a row lock it waited on) comes by it: a statement left
+                # waiting could land after once has said that it was not recorded.
+                with statements_until(bound):
+                    box.append(action())
             except BaseException as exc:  # handed to the caller
                 error.append(exc)
             finally:
@@ -151,7 +156,7 @@ class Lease:
 
         worker = _Worker.get()
         worker.submit(work)
-        if not done.wait(max(floor, limit - lease_now())):
+        if not done.wait(max(0.0, bound - lease_now())):
             worker.abandon()  # stuck in the driver: later calls get a worker of their own
             raise NoAnswer("the final write got no answer from the ledger")
         if error:

@@ -89,7 +89,7 @@ def run(
             guard, report = spawn(
                 list(command), env, tty, _title(env), supervisor.ignored, supervisor.watch(),
                 supervisor.own_fds() + (relay.own_fds() if relay else ()),
-                relay.child_fds() if relay else None)
+                relay.child_fds() if relay else None, end_group)
         except BaseException:
             if relay is not None:
                 relay.close_unforked()
@@ -456,11 +456,11 @@ class _Supervisor:
         """Reap the guard, whose status _reap took (and, as PID 1, what ended meanwhile): once,
         at the end of wait()."""
         if self.guard_status is not None:
+            launch.end_watchers()  # before the group's number is free
             with suppress(ChildProcessError):
                 os.waitpid(self.guard, 0)
             if self.reap_all:
                 _guard.reap_ended()
-            launch.reap_watchers(0.0)  # those that have ended (the last one: at our end)
 
 
 def _deadline_pipe() -> tuple[int, int]:
