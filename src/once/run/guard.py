@@ -113,15 +113,17 @@ def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
     if os.getppid() != wrapper:  # the wrapper died before the signal was armed
         _wrapper_died(signal.SIGUSR1, None)
     launch.watch_group(said)
+    global _said
+    _said = said  # told the group: `done` is its next word
     if tty is not None:
         take_terminal(tty, os.getpgrp())
     run_one(command, env, stdio, report, watch, held=launch.stop_held)
+    launch.watch_done(said)
     if end_group or launch.stop_held():
         # A term's end, or the command's after a stop (which reached the group, and so us):
         # what it left dies now, with this guard, whatever the wrapper's state (stopped, say,
-        # with the lease running out); the watcher, at our end of file, sends its SIGKILL too.
+        # with the lease running out).
         os.killpg(0, signal.SIGKILL)
-    launch.watch_done(said)
     return 0
 
 
@@ -392,7 +394,13 @@ def take_terminal(tty: int, pgrp: int) -> None:
 
 
 def _wrapper_died(_signum: int, _frame: object) -> None:
+    # Our own kill: the watcher's would come after it, maybe after init has reaped the group
+    # and its number is a newcomer's.
+    launch.watch_done(_said)
     os.killpg(0, signal.SIGKILL)  # the command, its children, and this guard
+
+
+_said = -1  # the watcher's pipe (launch.start_watcher), for _wrapper_died
 
 
 def _retitle(title: str) -> None:
