@@ -92,3 +92,47 @@ def test_a_sqlite_ledger_in_memory_is_critical(tmp_path: Path) -> None:
     finally:
         for leftover in Path("/dev/shm").glob(f"{path.name}*"):
             leftover.unlink()
+
+
+def test_a_user_that_may_only_read_the_tables_is_critical(backend: Any, ledger_url: str,
+                                                          once_env: dict[str, str]) -> None:
+    # `once doctor` said OK (MySQL: `the server accepts writes`) for a user granted SELECT
+    # alone, whose every claim exits 75 (an attacker's finding): it now tries what claims
+    # need on each of once's tables (PostgreSQL: has_table_privilege; MySQL: statements that
+    # change nothing, rolled back) and names what is missing.
+    if backend.dialect == "sqlite":
+        pytest.skip("a SQLite file's permissions are the ledger topic's")
+    assert run_once("run", "--job", "j", "--every", "day", "--", "true",
+                    env=once_env).returncode == 0
+    from urllib.parse import urlsplit, urlunsplit
+
+    from ledger_sql import query
+
+    user = "once_ro_" + uuid.uuid4().hex[:8]
+    if backend.dialect == "postgresql":
+        schema = query(ledger_url, "SELECT current_schema()")[0][0]
+        granted = [f"CREATE ROLE {user} LOGIN", f"GRANT USAGE ON SCHEMA {schema} TO {user}",
+                   f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {user}"]
+        dropped = [f"DROP OWNED BY {user}", f"DROP ROLE {user}"]
+    else:
+        database = urlsplit(ledger_url).path.lstrip("/")
+        granted = [f"CREATE USER '{user}'@'%'", f"GRANT SELECT ON `{database}`.* TO '{user}'@'%'"]
+        dropped = [f"DROP USER '{user}'@'%'"]
+    for sql in granted:
+        query(ledger_url, sql)
+    try:
+        parts = urlsplit(ledger_url)
+        reader = urlunsplit(parts._replace(netloc=f"{user}@{parts.netloc.rpartition('@')[2]}"))
+        env = {**once_env, "ONCE_DATABASE_URL": reader}
+        doctor = run_once("doctor", env=env)
+        claim = run_once("run", "--job", "k", "--every", "day", "--", "true", env=env)
+    finally:
+        for sql in dropped:
+            query(ledger_url, sql)
+    assert claim.returncode == 75, claim.stderr  # what the verdict is about
+    assert doctor.returncode == 2, doctor.stdout + doctor.stderr
+    [line] = [line for line in doctor.stdout.splitlines() if " grants " in line]
+    assert line.startswith("CRITICAL grants this user lacks INSERT on once_attempts, UPDATE "
+                           "on once_attempts, INSERT on once_jobs,"), line
+    assert "SELECT on" not in line and "once_meta" not in line, line
+    assert doctor.stdout.splitlines()[0] == line  # the worst first

@@ -82,10 +82,10 @@ def prune(db: str | None, db_password_file: str | None, namespace: str | None,
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 def doctor(db: str | None, db_password_file: str | None, namespace: str | None,
            output_tail: int, as_json: bool) -> int:
-    """Check that the ledger's server can keep the promise: durability, replication,
-    standbys and replicas, Galera, every host of a host list, limits. One line per finding,
-    `SEVERITY TOPIC WHAT`; what it could not read is a WARNING, never OK; exit 0 OK,
-    1 WARNING, 2 CRITICAL (as once check), 75 when the server cannot be read."""
+    """Check that the ledger's server can keep the promise: this user's grants, durability,
+    replication, standbys and replicas, Galera, every host of a host list, limits. One line
+    per finding, `SEVERITY TOPIC WHAT`; what it could not read is a WARNING, never OK; exit
+    0 OK, 1 WARNING, 2 CRITICAL (as once check), 75 when the server cannot be read."""
     from once.ledger.server import server_facts
     from once.report import doctor as judging
 

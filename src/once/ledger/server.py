@@ -48,6 +48,20 @@ POSTGRES = {
     # cannot be told.
     "hidden_standbys": "SELECT count(*) FROM pg_stat_replication WHERE state IS NULL",
 }
+# What every claim, result and lead writes (and every command reads), by table: a grant
+# missing makes each fire exit 75, whatever the server's settings. once_meta is read alone.
+WRITTEN = ("once_jobs", "once_runs", "once_attempts", "once_leases", "once_lead_terms",
+           "once_lead_candidates")
+NEEDED = {**{table: ("SELECT", "INSERT", "UPDATE") for table in WRITTEN},
+          "once_meta": ("SELECT",)}
+# The grants this user lacks on the tables that are there (`INSERT on once_runs, ...`; NULL:
+# none), and how many of once's tables are there (0: the first `once run` makes them).
+_PAIRS = ", ".join(f"('{table}', '{grant}')" for table, grants in NEEDED.items()
+                   for grant in grants)
+POSTGRES_GRANTS = ("SELECT string_agg(g || ' on ' || t, ', ' ORDER BY t, g) FILTER (WHERE NOT "
+                   "has_table_privilege(to_regclass(t), g)), count(DISTINCT t) "
+                   f"FROM (VALUES {_PAIRS}) AS needed (t, g) WHERE to_regclass(t) IS NOT NULL")
+
 # Who a PostgreSQL server is: its cluster (a standby shares its primary's), and this
 # server's start, which tells one server named twice from two of one cluster; and whether a
 # standby has a WAL receiver (its pid is shown to every role): one without streams from no
@@ -144,6 +158,8 @@ def _postgres_facts(target: Target) -> Facts:
     def read(conn: Connection) -> Facts:
         cur = conn.cursor()
         facts = {name: scalar(cur, sql) for name, sql in POSTGRES.items()}
+        cur.execute(POSTGRES_GRANTS)
+        facts["grants_missing"], facts["tables"] = cast("tuple[Any, ...]", cur.fetchone())
         # The reports' rule (once.ledger.fleet.REPLAY_LAG): 0 while it streams and has
         # replayed all it received, else the age of the latest commit it replayed.
         standby = Snapshot(target, conn).standby()
@@ -228,9 +244,9 @@ def _writable(path: str) -> bool:
 
 
 def _mysql_facts(target: Target) -> Facts:
-    from once.ledger.server_mysql import mysql_facts
+    from once.ledger.server_mysql import mysql_facts, mysql_grants
 
-    return _server(target, mysql_facts)
+    return _server(target, lambda conn: {**mysql_facts(conn), **mysql_grants(conn, NEEDED)})
 
 
 def _mysql_identity(target: Target) -> Facts:

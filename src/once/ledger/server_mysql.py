@@ -137,6 +137,42 @@ def _rows(cur: Cursor, statements: tuple[str, ...]) -> list[dict[str, Any]] | No
     return None
 
 
+# A statement of each kind a grant allows, on a table of once's, that changes nothing; a
+# refusal by these codes is the grant missing (1142 a table's, 1143 a column's).
+_PROBES = {"SELECT": "SELECT 1 FROM {t} WHERE 1 = 0",
+           "INSERT": "INSERT INTO {t} SELECT * FROM {t} WHERE 1 = 0",
+           "UPDATE": "UPDATE {t} SET {c} = {c} WHERE 1 = 0"}
+_DENIED = {1142, 1143}
+
+
+def mysql_grants(conn: Connection, needed: dict[str, tuple[str, ...]]) -> Facts:
+    """The grants (`needed`, by table) this user lacks on once's tables that are there
+    (grants_missing: `INSERT on once_runs, ...`, None for none; "unsure" when a statement
+    failed otherwise, a read-only server's refusal), learnt from statements that change
+    nothing, rolled back (MySQL has no has_table_privilege); and how many are there."""
+    cur = conn.cursor()
+    listed = ", ".join(f"'{table}'" for table in needed)
+    cur.execute("SELECT table_name, MIN(column_name) FROM information_schema.columns WHERE "
+                f"table_schema = DATABASE() AND table_name IN ({listed}) GROUP BY table_name")
+    tables = {str(table): str(column) for table, column in cur.fetchall()}
+    missing, unsure = [], False
+    cur.execute("START TRANSACTION")
+    try:
+        for table, column in sorted(tables.items()):
+            for grant in needed[table]:
+                try:
+                    cur.execute(_PROBES[grant].format(t=f"`{table}`", c=f"`{column}`"))
+                except Exception as exc:
+                    if error_code(exc) in _DENIED:
+                        missing.append(f"{grant} on {table}")
+                    else:
+                        unsure = True
+    finally:
+        cur.execute("ROLLBACK")
+    return {"grants_missing": ", ".join(missing) or None, "tables": len(tables),
+            "grants_unsure": unsure}
+
+
 def _writes_refused(cur: Cursor) -> bool | None:
     """Whether read_only refuses this user's writes (WRITE_PROBE, rolled back); None when
     the server's answer does not say."""

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from once.ledger.server import Facts
 from once.report.check import CRITICAL, OK, SEVERITY, WARNING
 from once.report.doctor_mysql import MYSQL_RULES
-from once.report.verdict import Rule, Verdict, hosts_unread, one_ledger, worst
+from once.report.verdict import Rule, Verdict, grants, hosts_unread, one_ledger, worst
 
 __all__ = ["Verdict", "judge", "render", "worst"]
 
@@ -161,7 +161,7 @@ def _pg_hosts(facts: Facts, _tail: int) -> Verdict | None:
         f"{read[0]['identity']}): {len(primaries)} primary, the rest its standbys")
 
 
-POSTGRES_RULES: list[Rule] = [_pg_standby, _pg_read_only, _pg_fsync, _pg_commit,
+POSTGRES_RULES: list[Rule] = [_pg_standby, _pg_read_only, grants, _pg_fsync, _pg_commit,
                               _pg_replication, _pg_hosts]
 
 # -- SQLite -----------------------------------------------------------------------------------

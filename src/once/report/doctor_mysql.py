@@ -9,7 +9,7 @@ from typing import Any
 
 from once.ledger.server import Facts
 from once.report.check import CRITICAL, OK, WARNING
-from once.report.verdict import Rule, Verdict, hosts_unread, one_ledger
+from once.report.verdict import Rule, Verdict, grants, hosts_unread, one_ledger
 
 # What a stored output tail may take of a packet beyond its bytes: the statement, the other
 # values, and UTF-8's replacement characters for bytes that are not (up to three bytes each).
@@ -254,5 +254,5 @@ def _hosts_not_ready(read: list[Facts]) -> Verdict | None:
                    "first that answers")
 
 
-MYSQL_RULES: list[Rule] = [_my_read_only, _my_replica, _my_flush, _my_binlog, _my_replicas,
+MYSQL_RULES: list[Rule] = [_my_read_only, grants, _my_replica, _my_flush, _my_binlog, _my_replicas,
                            _my_galera, _my_sync_wait, _my_packet, _my_hosts]

@@ -50,3 +50,19 @@ def hosts_unread(hosts: list[Facts]) -> Verdict | None:
     why = "; ".join(f"{h['host']}: {h['error']}" for h in unread)
     return Verdict(WARNING, "hosts", f"{len(unread)} of the URL's {len(hosts)} hosts could not "
                    f"be read ({why}): whether they hold this ledger is not checked")
+
+
+def grants(facts: Facts, _tail: int) -> Verdict | None:
+    """What this user may do on once's tables (the server's facts: grants_missing, tables,
+    grants_unsure); none before the first `once run` has made them."""
+    if not facts.get("tables"):
+        return None
+    missing = facts.get("grants_missing")
+    if missing:
+        return Verdict(CRITICAL, "grants", f"this user lacks {missing}: every claim (or "
+                       "lead) is refused, each fire exits 75; grant SELECT, INSERT and UPDATE "
+                       "on once's tables")
+    if facts.get("grants_unsure"):
+        return Verdict(WARNING, "grants", "whether this user may write once's tables could "
+                       "not be told (the server refused the test write for another reason)")
+    return Verdict(OK, "grants", "this user may read and write once's tables")
