@@ -217,9 +217,10 @@ class Mysql(Dialect):
 
         # The hot path's ledger (MysqlLedger._open) bounds its idle reads too: its
         # transactions never wait on once itself, and a locking read holds a row as a write.
+        # Its lock waits end before its statements' read timeout (_bound_session).
         reads_too = options.pop("bound_idle_reads", False)
         conn = mysql(target, timeout, statements, options)
-        _bound_idle_transactions(conn, reads_too)
+        _bound_session(conn, reads_too, statements)
         return conn
 
     def snapshot_connection(self, target: Target) -> MysqlConnection:
@@ -246,21 +247,36 @@ class Mysql(Dialect):
         return f"`{name}`"
 
 
-def _bound_idle_transactions(conn: MysqlConnection, reads_too: bool) -> None:
-    """MariaDB (10.3 and later) ends this session once it has sat IDLE_TRANSACTION seconds inside
-    a transaction that wrote, or with reads_too inside any transaction (a locking read, as
-    `SELECT ... FOR UPDATE`, is no write to the server): a process stopped inside a claim or
-    an acquire holds the job's or the lease's row no longer. MySQL has no such bound
-    (docs/concepts/liveness.md); not asked, it costs no round trip."""
-    if "mariadb" not in conn.get_server_info().lower():
-        return
-    variable = "idle_transaction_timeout" if reads_too else "idle_write_transaction_timeout"
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f"SET SESSION {variable} = {IDLE_TRANSACTION}")
-    except Exception as exc:
-        if error_code(exc) != _UNKNOWN_VARIABLE:  # before 10.3
-            raise
+def _bound_session(conn: MysqlConnection, reads_too: bool, statements: float | None) -> None:
+    """One SET for the session's bounds, where any is asked.
+
+    With `statements` (the read timeout that bounds each statement), a lock wait ends on the
+    server a second before it, with MySQL's own words (1205: a lock, not a silent server), and
+    the statement with it: one the client gave up on waited on in the server, a session
+    that outlived `once` (an attacker's finding: they piled up to the user's connection
+    limit, and a renewal committed after its `once` had exited).
+
+    MariaDB (10.3 and later) also ends this session once it has sat IDLE_TRANSACTION seconds
+    inside a transaction that wrote, or with reads_too inside any transaction (a locking
+    read, as `SELECT ... FOR UPDATE`, is no write to the server): a process stopped inside a
+    claim or an acquire holds the job's or the lease's row no longer. MySQL has no such bound
+    (docs/concepts/liveness.md)."""
+    bounds = []
+    if statements is not None:
+        wait = max(1, math.ceil(statements) - 1)
+        bounds += [f"innodb_lock_wait_timeout = {wait}", f"lock_wait_timeout = {wait}"]
+    if "mariadb" in conn.get_server_info().lower():
+        variable = "idle_transaction_timeout" if reads_too else "idle_write_transaction_timeout"
+        bounds.append(f"{variable} = {IDLE_TRANSACTION}")
+    while bounds:
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SET SESSION {', '.join(bounds)}")
+            return
+        except Exception as exc:
+            if error_code(exc) != _UNKNOWN_VARIABLE or "idle" not in bounds[-1]:
+                raise
+            bounds.pop()  # MariaDB before 10.3
 
 
 _UNKNOWN_VARIABLE = 1193

@@ -115,6 +115,7 @@ def _retried(ledger: Ledger, job: Job, lease: Lease,
             ledger.abandon()  # the statement still waits on the connection: never close it
         except LedgerError as exc:
             lease.failed(exc)
+            lease.write_waited_on = lease.waited_on or lease.write_waited_on
             ledger.close()
             size = next(cuts, None) if exc.failure in ("unfit", "slow") else None
             if size is not None:  # at once: the next try is smaller
@@ -154,6 +155,8 @@ def trouble(lease: Lease, what: str) -> str:
     session held, by name."""
     if lease.failure == "locked":
         return f"{what} waited on {lease.waited_on} held by another session"
+    if lease.failure == "no-answer" and lease.write_waited_on:  # its last try, left waiting
+        return f"{what} waited on {lease.write_waited_on} held by another session"
     if lease.failure in ("unreachable", "no-answer", ""):
         return "the ledger stayed unreachable"
     if lease.failure == "permanent":

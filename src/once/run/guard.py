@@ -62,7 +62,7 @@ def spawn(command: list[str], env: dict[str, str], tty: int | None, title: str,
     inherited: the wrapper's own descriptors, which the guard closes. stdio: the command's
     stdout (1) and stderr (2) where once relays them (once.run.relay), else they are inherited.
     end_group: once the command has ended, nothing it left in the group carries on (once
-    lead's terms), as after a stop.
+    lead's terms).
     """
     report_r, report_w = os.pipe()
     said = launch.start_watcher()
@@ -119,10 +119,11 @@ def _guard(command: list[str], env: dict[str, str], tty: int | None, title: str,
         take_terminal(tty, os.getpgrp())
     run_one(command, env, stdio, report, watch, held=launch.stop_held)
     launch.watch_done(said)
-    if end_group or launch.stop_held():
-        # A term's end, or the command's after a stop (which reached the group, and so us):
-        # what it left dies now, with this guard, whatever the wrapper's state (stopped, say,
-        # with the lease running out).
+    if end_group:
+        # A term's end: what the command left dies now, with this guard, whatever the
+        # wrapper's state (stopped, say, with the lease running out). Not after a stop that
+        # reached the group: it may be the command's own (`trap 'kill 0' EXIT`), whose
+        # children it leaves their SIGTERM's handlers to run (an attacker's finding).
         os.killpg(0, signal.SIGKILL)
     return 0
 

@@ -49,6 +49,9 @@ class Lease:
         # so that a `once:` line names it (once.run.attempt).
         self.failure = ""
         self.waited_on = ""  # a row lock: what another session held that a statement waited on
+        # What the final write's tries waited on before its last got no answer ("no-answer"):
+        # the lock, not an unreachable server, is what its line names (once.run.attempt).
+        self.write_waited_on = ""
         # The heartbeat thread was left behind in a statement (or on its way to one): its
         # connection is its own from then on (never closed under it, never shared).
         self.stranded = False
