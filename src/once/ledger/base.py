@@ -195,8 +195,7 @@ class Ledger:
         params = {**_ours(job, key, claim), "status": status, "exit_code": exit_code,
                   "outcome": outcome, "state": state, "state_version": state_version,
                   "output": output, "interrupted": int(outcome == "interrupted")}
-        with self._errors("cannot record the result in"):
-            self.connect()
+        def write() -> bool:
             self._fit_output(self.OUTPUT_STATEMENT, params, output_limit)
             if state is not None and status == "done":
                 written = self._finish_with_state(params)
@@ -205,7 +204,10 @@ class Ledger:
             # A retried write whose first try committed though its answer was lost (a
             # watchdog, a dropped connection) matches no running row: the row then says
             # finished by our own attempt, and that is what the ledger holds.
-            recorded = written or self._finished_by(params) is not None
+            return written or self._finished_by(params) is not None
+
+        # A column it names missing: an upgrade left unfinished (MySQL), made first.
+        recorded = self._with_schema(write, "cannot record the result in", patient=False)
         self.release(job, key)
         return recorded
 
@@ -444,9 +446,10 @@ class Ledger:
 
     # plumbing
 
-    def _with_schema(self, action: Callable[[], T], doing: str = "cannot claim in") -> T:
+    def _with_schema(self, action: Callable[[], T], doing: str = "cannot claim in",
+                     patient: bool = True) -> T:
         with self._errors(doing):
-            self.connect(patient=True)
+            self.connect(patient=patient)
             try:
                 return action()
             except Exception as exc:
