@@ -505,3 +505,35 @@ def test_a_half_made_upgrade_is_finished_by_whoever_comes_next(
             == [("done", 1)]
     assert query(ledger_url, "SELECT value FROM once_meta WHERE name = 'upgrade_from'") == []
     assert query(ledger_url, "SELECT count(*) FROM once_runs WHERE interrupted = 0")[0][0] >= 1
+
+
+@pytest.mark.tables_made
+def test_an_upgrade_behind_a_table_another_session_locked_says_so(
+        ledger_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # It said `cannot create the ledger's tables in URL: (psycopg.errors.LockNotAvailable)
+    # canceling statement due to lock timeout`: SQLAlchemy's wrapping, a driver's class name,
+    # no word of the lock (an attacker's finding).
+    target = parse_url(ledger_url)
+    if target.dialect == "sqlite":
+        pytest.skip("SQLite's busy wait is its write lock's: test_schema's others")
+    from once.ledger import LedgerError, schema
+    from once.ledger.connect import connect
+
+    monkeypatch.setattr(schema, "LOCK_WAIT", 1.0)
+    holder = connect(target, 10, autocommit=target.dialect != "postgresql")
+    try:
+        holder.cursor().execute("LOCK TABLE once_meta IN ACCESS EXCLUSIVE MODE"
+                                if target.dialect == "postgresql" else
+                                "LOCK TABLES once_meta WRITE")
+        with pytest.raises(LedgerError) as refused:
+            schema.ensure(target)
+    finally:
+        if target.dialect == "postgresql":
+            holder.rollback()
+        else:
+            holder.cursor().execute("UNLOCK TABLES")
+        holder.close()
+    said = str(refused.value)
+    assert said.startswith(f"cannot create the ledger's tables in {target.redacted}: waited "
+                           f"past 1s on a lock another session holds ("), said
+    assert "psycopg" not in said and "pymysql" not in said and "sqlalchemy" not in said, said

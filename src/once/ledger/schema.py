@@ -105,9 +105,12 @@ def ensure(target: Target, statement_timeout: float = 10.0) -> None:
     except LedgerError:
         raise
     except Exception as exc:
-        raise LedgerError(
-            f"cannot create the ledger's tables in {target.redacted}: {describe(exc)}"
-        ) from exc
+        cause = getattr(exc, "orig", None) or exc  # the driver's words, not SQLAlchemy's
+        said = describe(cause)
+        if target.backend.lock_waited(cause):
+            said = f"waited past {LOCK_WAIT:g}s on a lock another session holds ({said})"
+        raise LedgerError(f"cannot create the ledger's tables in {target.redacted}: {said}"
+                          ) from exc
 
 
 # How long a creation looks again while a node of a Galera cluster made (part of) it at the
