@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from once.deadlines import lease_now
 from once.ledger.base import Ledger
+from once.ledger.fleet import failed_read
 from once.ledger.records import LedgerError, schema_gate
 
 if TYPE_CHECKING:
@@ -428,7 +429,7 @@ def _read(backend: Dialect, conn: Connection, sql: str, params: Params) -> list[
         if backend.schema_missing(exc, columns=False):
             backend.rollback(conn)
             return []
-        raise LedgerError(f"cannot read the leases: {exc}") from exc
+        raise LedgerError(f"cannot read the leases: {failed_read(backend, exc)}") from exc
 
 
 # -- the reports' other reads (once.report.leads): status, check, history, metrics
