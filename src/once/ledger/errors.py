@@ -199,10 +199,14 @@ class Cancelled(Exception):
     diagnostics stay, so that it is read as the server's own cancel is (slow; the row lock it
     waited on, where the server names one: _pg_waited_on)."""
 
-    def __init__(self, exc: BaseException, limit: float) -> None:
+    def __init__(self, exc: BaseException, limit: float, cut: bool = False) -> None:
         self.sqlstate = CANCELLED
         self.diag = getattr(exc, "diag", None)
-        limit_said = f"once's limit of {limit:.3g}s for a statement, so once cancelled it"
+        # cut: the limit was what was left before the statement's bound (a lease's deadline,
+        # the final write's): its seconds, the last try's share, would mislead.
+        limit_said = ("the bound it had (the lease's deadline, or the final write's), so once "
+                      "cancelled it" if cut else
+                      f"once's limit of {limit:.3g}s for a statement, so once cancelled it")
         lock = _pg_waited_on(exc)
         if lock:
             super().__init__(f"waited on {lock} held by another session past {limit_said}")

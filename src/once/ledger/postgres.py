@@ -443,7 +443,8 @@ class PostgresLedger(Ledger):
             return
         conn = self._conn
         self.unconfirmed, self._warnings = False, []
-        cancel_at, shut_at = bounded(*self._limits())  # as the watchdog keeps them (arm)
+        full = self._limits()
+        cancel_at, shut_at = bounded(*full)  # as the watchdog keeps them (arm)
         token = WATCHDOG.arm(conn.pgconn.socket, cancel_at, shut_at,
                               lambda: cancel(conn, shut_at - cancel_at))
         self._depth += 1
@@ -457,7 +458,7 @@ class PostgresLedger(Ledger):
             if cancelled and getattr(exc, "sqlstate", None) is None:
                 raise TimeoutError(f"no answer from the server within {shut_at:.3g}s") from exc
             if cancelled and getattr(exc, "sqlstate", None) == CANCELLED:
-                raise Cancelled(exc, cancel_at) from exc
+                raise Cancelled(exc, cancel_at, cut=cancel_at < full[0]) from exc
             raise
         finally:
             self._depth -= 1
