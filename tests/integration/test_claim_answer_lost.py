@@ -64,6 +64,13 @@ def _commits_held(server: PrivateMariadb) -> Iterator[Any]:
         holder.close()
 
 
+def _row_lock_waits(server: PrivateMariadb) -> int:
+    """How many times a statement has waited on a row lock in the server (it counts each
+    wait as it begins)."""
+    rows = server.execute("SHOW GLOBAL STATUS LIKE 'Innodb_row_lock_waits'")
+    return int(str(rows[0][1]))
+
+
 def _claims_in(server: PrivateMariadb, database: str) -> int:
     """The statements `once` has in the server for this database: a try the client gave up
     on stays there, waiting, beside the next."""
@@ -121,8 +128,11 @@ def test_a_claim_whose_commit_was_answered_too_late_runs_once(
 
 def test_a_claim_held_past_its_read_timeout_is_tried_again(
         private_mariadb: PrivateMariadb, tmp_path: Path) -> None:
-    # The job's row locked by another session: the first try waits, the client gives up on
-    # it, and the next try gets through once the lock is let go. The first never commits.
+    # The job's row locked by another session: the first try waits, and the next try gets
+    # through once the lock is let go. The first never commits. The server ends each try's
+    # wait a second before the client's read timeout: a try the client gave up on was left
+    # waiting in the server, a session each, up to the user's connection limit (an
+    # attacker's finding). Never two of them there at once now.
     url = private_mariadb.new_database()
     database = url.rpartition("/")[2]
     env = _env(tmp_path)
@@ -137,9 +147,16 @@ def test_a_claim_held_past_its_read_timeout_is_tried_again(
     try:
         with locker.cursor() as cur:
             cur.execute("SELECT fence FROM once_jobs WHERE job = 'lost' FOR UPDATE")
+        waits = _row_lock_waits(private_mariadb)
         owner = _run(url, ran, env)
-        wait_for(lambda: _claims_in(private_mariadb, database) >= 2 or owner.poll() is not None,
-                 timeout=30, what="the claim's second try")
+        seen = []
+
+        def second_wait() -> bool:
+            seen.append(_claims_in(private_mariadb, database))
+            return _row_lock_waits(private_mariadb) >= waits + 2 or owner.poll() is not None
+
+        wait_for(second_wait, timeout=30, what="the claim's second try to wait")
+        assert max(seen) <= 1, seen  # the first try's wait ended before the second's began
     finally:
         locker.rollback()
         locker.close()

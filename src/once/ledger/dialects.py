@@ -250,11 +250,13 @@ class Mysql(Dialect):
 def _bound_session(conn: MysqlConnection, reads_too: bool, statements: float | None) -> None:
     """One SET for the session's bounds, where any is asked.
 
-    With `statements` (the read timeout that bounds each statement), a lock wait ends on the
-    server a second before it, with MySQL's own words (1205: a lock, not a silent server), and
-    the statement with it: one the client gave up on waited on in the server, a session
-    that outlived `once` (an attacker's finding: they piled up to the user's connection
-    limit, and a renewal committed after its `once` had exited).
+    With `statements` (the read timeout that bounds each statement), a row lock's wait ends
+    on the server a second before it, with MySQL's own words (1205: a lock, not a silent
+    server), and the statement with it: one the client gave up on waited on in the server,
+    a session that outlived `once` (an attacker's finding: they piled up to the user's
+    connection limit, and a renewal committed after its `once` had exited). Not metadata
+    locks' (lock_wait_timeout): a commit held by a backup's BLOCK_COMMIT would be refused
+    rather than answered late, as Galera's failure detection answers it (once.ledger.mysql).
 
     MariaDB (10.3 and later) also ends this session once it has sat IDLE_TRANSACTION seconds
     inside a transaction that wrote, or with reads_too inside any transaction (a locking
@@ -264,7 +266,7 @@ def _bound_session(conn: MysqlConnection, reads_too: bool, statements: float | N
     bounds = []
     if statements is not None:
         wait = max(1, math.ceil(statements) - 1)
-        bounds += [f"innodb_lock_wait_timeout = {wait}", f"lock_wait_timeout = {wait}"]
+        bounds.append(f"innodb_lock_wait_timeout = {wait}")
     if "mariadb" in conn.get_server_info().lower():
         variable = "idle_transaction_timeout" if reads_too else "idle_write_transaction_timeout"
         bounds.append(f"{variable} = {IDLE_TRANSACTION}")

@@ -32,8 +32,7 @@ if TYPE_CHECKING:
 
 _MY_NOW = "UTC_TIMESTAMP(6)"
 _DUPLICATE_KEY, _UNKNOWN_VARIABLE = 1062, 1193
-# A claim's transaction is tried this many times in all after deadlocks or lost
-# certifications (Galera reports one as a deadlock, 1213) before once gives up (exit 75).
+# Tries of a claim's transaction after deadlocks or lost certifications (Galera's 1213).
 _CLAIM_TRIES = 8
 _GATE = schema_gate("SIGNED")
 # A running row past its owner's promise (the row's stale_after), never ours.
@@ -253,10 +252,10 @@ class MysqlLedger(Ledger):
         the job row would only conflict again) and a claim that beat ours is a skip, as any
         lost claim; otherwise the claim is tried again, _CLAIM_TRIES times in all.
 
-        A read that timed out (a Galera cluster's failure detection holds commits for
-        seconds) is tried again on a fresh connection, within connect_patience: that try may
-        have committed, its answer lost, so a later one that does not win looks for the row
-        under this claim's own id (_after_lost). Never claimed twice, nor run twice."""
+        A read that timed out (Galera's failure detection holds commits for seconds), or a
+        lock wait the server ended, is tried again within connect_patience: a try whose answer
+        was lost may have committed, so a later one that does not win looks for the row under
+        this claim's own id (_after_lost). Never claimed twice, nor run twice."""
         params = {**params, "rerun": int(params["rerun"])}
         self._causal = False
         lost_answer = 0.0  # when the first try whose answer was lost went out
@@ -270,6 +269,8 @@ class MysqlLedger(Ledger):
                         claim = self._claim_in(cur, params)
                     return self._after_lost(claim, params, lost_answer)
                 except Exception as exc:
+                    if self.backend.lock_waited(exc) and lease_now() < give_up:
+                        continue  # ended by the server: nothing committed, nothing waits
                     if self.backend.read_timed_out(exc) and lease_now() < give_up:
                         lost_answer = lost_answer or self.claim_sent
                         self.reconnect()  # the driver closed it
@@ -279,7 +280,6 @@ class MysqlLedger(Ledger):
                     if lost is not None:
                         return self._after_lost(lost, params, lost_answer)
                 import random  # only on this rare path
-
                 time.sleep(random.uniform(0.5, 1.0) * min(1.0, 0.01 * 2 ** tries))
         finally:
             if self._causal:
