@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -108,3 +110,25 @@ def db_time(url: str, instant: datetime) -> Any:
 def placeholders(sql: str, url: str) -> str:
     """`?` placeholders in the driver's style."""
     return sql if parse_url(url).dialect == "sqlite" else sql.replace("?", "%s")
+
+
+@contextmanager
+def tables_locked(url: str, *tables: str) -> Iterator[None]:
+    """The tables locked by another session (PostgreSQL: ACCESS EXCLUSIVE, in an open
+    transaction; MySQL: LOCK TABLES ... WRITE) until the block ends."""
+    from once.ledger.connect import connect
+
+    target = parse_url(url)
+    postgres = target.dialect == "postgresql"
+    holder = connect(target, 10, autocommit=not postgres)
+    try:
+        holder.cursor().execute(f"LOCK TABLE {', '.join(tables)} IN ACCESS EXCLUSIVE MODE"
+                                if postgres else
+                                f"LOCK TABLES {', '.join(t + ' WRITE' for t in tables)}")
+        yield
+    finally:
+        if postgres:
+            holder.rollback()
+        else:
+            holder.cursor().execute("UNLOCK TABLES")
+        holder.close()

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from helpers import ONCE, run_either
-from ledger_sql import db_time, placeholders, query
+from ledger_sql import db_time, placeholders, query, tables_locked
 from once.ledger import parse_url
 from once.periods import Period
 from once.schedules import schedule
@@ -666,26 +666,15 @@ def test_a_report_behind_a_table_another_session_locked_ends_at_its_bound(
     if target.dialect == "sqlite":
         pytest.skip("a WAL ledger's readers wait on no writer")
     from once.ledger import fleet
-    from once.ledger.connect import connect
     from once.report import snapshot
 
     monkeypatch.setattr(fleet, "LOCK_WAIT", 1.0)
     monkeypatch.setattr(snapshot, "LOCK_WAIT", 1.0)
     assert run_today(once_env, "behind").returncode == 0
-    holder = connect(target, 10, autocommit=target.dialect != "postgresql")
-    try:
-        holder.cursor().execute("LOCK TABLE once_runs IN ACCESS EXCLUSIVE MODE"
-                                if target.dialect == "postgresql" else
-                                "LOCK TABLES once_runs WRITE, once_attempts WRITE")
+    with tables_locked(ledger_url, "once_runs", "once_attempts"):
         began = datetime.now(UTC)
         result = once(once_env, *report)
         took = (datetime.now(UTC) - began).total_seconds()
-    finally:
-        if target.dialect == "postgresql":
-            holder.rollback()
-        else:
-            holder.cursor().execute("UNLOCK TABLES")
-        holder.close()
     assert result.returncode == 75, (result.stdout, result.stderr)
     [line] = result.stderr.splitlines()
     assert line.startswith(f"once: cannot read the ledger {target.redacted}: waited on a "
@@ -703,23 +692,12 @@ def test_the_lead_names_behind_a_table_another_session_locked_end_at_the_bound(
     if target.dialect == "sqlite":
         pytest.skip("a WAL ledger's readers wait on no writer")
     from once.ledger import fleet
-    from once.ledger.connect import connect
 
     monkeypatch.setattr(fleet, "LOCK_WAIT", 1.0)
     assert once(once_env, "lead", "--name", "held", "--lease", "3s", "--",
                 "true").returncode == 0
-    holder = connect(target, 10, autocommit=target.dialect != "postgresql")
-    try:
-        holder.cursor().execute("LOCK TABLE once_leases IN ACCESS EXCLUSIVE MODE"
-                                if target.dialect == "postgresql" else
-                                "LOCK TABLES once_leases WRITE")
+    with tables_locked(ledger_url, "once_leases"):
         result = once(once_env, "status", "--leads")
-    finally:
-        if target.dialect == "postgresql":
-            holder.rollback()
-        else:
-            holder.cursor().execute("UNLOCK TABLES")
-        holder.close()
     assert result.returncode == 75, (result.stdout, result.stderr)
     [line] = result.stderr.splitlines()
     assert line.startswith("once: cannot read the leases: waited on a table's lock held by "

@@ -15,7 +15,7 @@ import pytest
 
 from child_log import stable_day
 from helpers import run_either, wait_for
-from ledger_sql import query, scalar, tables
+from ledger_sql import query, scalar, tables, tables_locked
 from once.ledger import parse_url
 from once.ledger.fleet import UNUSUAL_TALLY
 from once.ledger.pg_claim import stored_claim
@@ -517,22 +517,10 @@ def test_an_upgrade_behind_a_table_another_session_locked_says_so(
     if target.dialect == "sqlite":
         pytest.skip("SQLite's busy wait is its write lock's: test_schema's others")
     from once.ledger import LedgerError, schema
-    from once.ledger.connect import connect
 
     monkeypatch.setattr(schema, "LOCK_WAIT", 1.0)
-    holder = connect(target, 10, autocommit=target.dialect != "postgresql")
-    try:
-        holder.cursor().execute("LOCK TABLE once_meta IN ACCESS EXCLUSIVE MODE"
-                                if target.dialect == "postgresql" else
-                                "LOCK TABLES once_meta WRITE")
-        with pytest.raises(LedgerError) as refused:
-            schema.ensure(target)
-    finally:
-        if target.dialect == "postgresql":
-            holder.rollback()
-        else:
-            holder.cursor().execute("UNLOCK TABLES")
-        holder.close()
+    with tables_locked(ledger_url, "once_meta"), pytest.raises(LedgerError) as refused:
+        schema.ensure(target)
     said = str(refused.value)
     assert said.startswith(f"cannot create the ledger's tables in {target.redacted}: waited "
                            f"past 1s on a lock another session holds ("), said
