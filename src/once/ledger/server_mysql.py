@@ -11,9 +11,10 @@ Imports only once.ledger's url and records; PyMySQL's connection comes from the 
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
-from once.ledger.records import error_code
+from once.ledger.records import describe, error_code
 from once.ledger.url import Target
 
 if TYPE_CHECKING:
@@ -147,28 +148,33 @@ _DENIED = {1142, 1143}
 
 def mysql_grants(conn: Connection, needed: dict[str, tuple[str, ...]]) -> Facts:
     """The grants (`needed`, by table) this user lacks on once's tables that are there
-    (grants_missing: `INSERT on once_runs, ...`, None for none; "unsure" when a statement
-    failed otherwise, a read-only server's refusal), learnt from statements that change
-    nothing, rolled back (MySQL has no has_table_privilege); and how many are there."""
+    (grants_missing: `INSERT on once_runs, ...`, None for none; grants_unsure: why it could
+    not be told, a statement that failed otherwise, as a read-only server's refusal or a
+    lock another session holds), learnt from statements that change nothing, rolled back
+    (MySQL has no has_table_privilege); and how many are there."""
     cur = conn.cursor()
     listed = ", ".join(f"'{table}'" for table in needed)
     cur.execute("SELECT table_name, MIN(column_name) FROM information_schema.columns WHERE "
                 f"table_schema = DATABASE() AND table_name IN ({listed}) GROUP BY table_name")
     tables = {str(table): str(column) for table, column in cur.fetchall()}
-    missing, unsure = [], False
-    cur.execute("START TRANSACTION")
+    missing, unsure = [], ""
+    with suppress(Exception):  # a table another session locked: a second's wait, not ten
+        cur.execute("SET SESSION lock_wait_timeout = 1, innodb_lock_wait_timeout = 1")
     try:
+        cur.execute("START TRANSACTION")
         for table, column in sorted(tables.items()):
             for grant in needed[table]:
                 try:
                     cur.execute(_PROBES[grant].format(t=f"`{table}`", c=f"`{column}`"))
                 except Exception as exc:
-                    if error_code(exc) in _DENIED:
-                        missing.append(f"{grant} on {table}")
-                    else:
-                        unsure = True
+                    if error_code(exc) not in _DENIED:
+                        raise
+                    missing.append(f"{grant} on {table}")
+    except Exception as exc:
+        unsure = describe(exc)
     finally:
-        cur.execute("ROLLBACK")
+        with suppress(Exception):  # a connection the failure closed rolled back with it
+            cur.execute("ROLLBACK")
     return {"grants_missing": ", ".join(missing) or None, "tables": len(tables),
             "grants_unsure": unsure}
 

@@ -64,5 +64,5 @@ def grants(facts: Facts, _tail: int) -> Verdict | None:
                        "on once's tables")
     if facts.get("grants_unsure"):
         return Verdict(WARNING, "grants", "whether this user may write once's tables could "
-                       "not be told (the server refused the test write for another reason)")
+                       f"not be told: a test write failed ({facts['grants_unsure']})")
     return Verdict(OK, "grants", "this user may read and write once's tables")
