@@ -521,6 +521,13 @@ def test_an_upgrade_behind_a_table_another_session_locked_says_so(
     monkeypatch.setattr(schema, "LOCK_WAIT", 1.0)
     with tables_locked(ledger_url, "once_meta"), pytest.raises(LedgerError) as refused:
         schema.ensure(target)
+    # `once prune` the same (it said the server's words alone).
+    env = {"ONCE_DATABASE_URL": ledger_url, "PATH": os.environ["PATH"]}
+    with tables_locked(ledger_url, "once_runs"):
+        pruned = run_either("prune", "--older-than", "1d", env=env)
+    assert pruned.returncode == 75, pruned.stderr
+    assert pruned.stderr.startswith(f"once: cannot prune the ledger {target.redacted}: waited "
+                                    f"past 1s on a lock another session holds ("), pruned.stderr
     said = str(refused.value)
     assert said.startswith(f"cannot create the ledger's tables in {target.redacted}: waited "
                            f"past 1s on a lock another session holds ("), said

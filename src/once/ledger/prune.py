@@ -50,6 +50,7 @@ from once.ledger.schema import (
     commit,
     engine,
     ensure,
+    failed,
     unconfirmed,
 )
 from once.ledger.tables import attempts, jobs, lead_terms, runs
@@ -108,7 +109,7 @@ def prune(target: Target, older_than: float, oldest_gaps: OldestGaps, dry_run: b
         raise LedgerError(f"cannot prune the ledger {target.redacted}: {describe(exc)}") from exc
     except SQLAlchemyError as exc:
         raise LedgerError(f"cannot prune the ledger {target.redacted}: "
-                          f"{describe(getattr(exc, 'orig', None) or exc)}") from exc
+                          f"{failed(target, exc)}") from exc
 
 
 def _commit(conn: Connection, target: Target) -> None:

@@ -105,12 +105,18 @@ def ensure(target: Target, statement_timeout: float = 10.0) -> None:
     except LedgerError:
         raise
     except Exception as exc:
-        cause = getattr(exc, "orig", None) or exc  # the driver's words, not SQLAlchemy's
-        said = describe(cause)
-        if target.backend.lock_waited(cause):
-            said = f"waited past {LOCK_WAIT:g}s on a lock another session holds ({said})"
-        raise LedgerError(f"cannot create the ledger's tables in {target.redacted}: {said}"
-                          ) from exc
+        raise LedgerError(f"cannot create the ledger's tables in {target.redacted}: "
+                          f"{failed(target, exc)}") from exc
+
+
+def failed(target: Target, exc: BaseException) -> str:
+    """What a creation, upgrade or prune that failed with exc says: the driver's words (not
+    SQLAlchemy's, a driver's class name first), and a lock it waited on to LOCK_WAIT."""
+    cause = getattr(exc, "orig", None) or exc
+    said = describe(cause)
+    if target.backend.lock_waited(cause):
+        return f"waited past {LOCK_WAIT:g}s on a lock another session holds ({said})"
+    return said
 
 
 # How long a creation looks again while a node of a Galera cluster made (part of) it at the
