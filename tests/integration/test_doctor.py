@@ -138,6 +138,48 @@ def test_a_user_that_may_only_read_the_tables_is_critical(backend: Any, ledger_u
     assert doctor.stdout.splitlines()[0] == line  # the worst first
 
 
+def test_a_user_without_any_grant_on_one_table_is_critical(backend: Any, ledger_url: str,
+                                                           once_env: dict[str, str]) -> None:
+    # MySQL lists only the tables a user has some grant on: a table with none was not
+    # probed, and doctor said OK of it.
+    if backend.dialect == "sqlite":
+        pytest.skip("a SQLite file's permissions are the ledger topic's")
+    from urllib.parse import urlsplit, urlunsplit
+
+    from ledger_sql import query
+    from once.ledger.server import NEEDED
+
+    assert run_once("run", "--job", "j", "--every", "day", "--", "true",
+                    env=once_env).returncode == 0
+    user = "once_nr_" + uuid.uuid4().hex[:8]
+    others = [table for table in NEEDED if table != "once_runs"]
+    if backend.dialect == "postgresql":
+        schema = query(ledger_url, "SELECT current_schema()")[0][0]
+        granted = [f"CREATE ROLE {user} LOGIN", f"GRANT USAGE ON SCHEMA {schema} TO {user}",
+                   *(f"GRANT SELECT, INSERT, UPDATE ON {t} TO {user}" for t in others)]
+        dropped = [f"DROP OWNED BY {user}", f"DROP ROLE {user}"]
+    else:
+        database = urlsplit(ledger_url).path.lstrip("/")
+        granted = [f"CREATE USER '{user}'@'%'", *(
+            f"GRANT SELECT, INSERT, UPDATE ON `{database}`.{t} TO '{user}'@'%'" for t in others)]
+        dropped = [f"DROP USER '{user}'@'%'"]
+    for sql in granted:
+        query(ledger_url, sql)
+    try:
+        parts = urlsplit(ledger_url)
+        reader = urlunsplit(parts._replace(netloc=f"{user}@{parts.netloc.rpartition('@')[2]}"))
+        doctor = run_once("doctor", env={**once_env, "ONCE_DATABASE_URL": reader})
+    finally:
+        for sql in dropped:
+            query(ledger_url, sql)
+    assert doctor.returncode == 2, doctor.stdout + doctor.stderr
+    [line] = [line for line in doctor.stdout.splitlines() if " grants " in line]
+    assert line.startswith("CRITICAL grants this user lacks "), line
+    lacks = line.removeprefix("CRITICAL grants this user lacks ").partition(":")[0]
+    assert set(lacks.split(", ")) == {"SELECT on once_runs", "INSERT on once_runs",
+                                      "UPDATE on once_runs"}, line
+
+
 def test_the_grants_behind_a_table_another_session_locked(backend: Any, ledger_url: str,
                                                           once_env: dict[str, str]) -> None:
     # MySQL learns the grants by statements that wait on a table's lock: the wait is a

@@ -38,7 +38,6 @@ _GATE = schema_gate("SIGNED")
 # A running row past its owner's promise (the row's stale_after), never ours.
 _MY_STALE = f"{_MY_NOW} - INTERVAL ROUND(stale_after * 1000000) MICROSECOND"
 
-
 # What PyMySQL escapes with a backslash, each one byte more in the statement (counted under
 # NO_BACKSLASH_ESCAPES too, where only the quote doubles: never less room than there is).
 _ESCAPED = ("\\", "'", '"', "\0", "\n", "\r", "\x1a")
@@ -290,8 +289,9 @@ class MysqlLedger(Ledger):
 
     def _lost_race(self, exc: Exception, params: Params, tries: int) -> Claim | None:
         """The claim that beat ours (a skip), or None: try again; exc again when it is no
-        lost race (a deadlock, a lock wait, Galera's certification) or no try is left."""
-        if not self.backend.lost_race(exc):
+        lost race (a deadlock, Galera's certification; a lock wait is one past the patience,
+        as a read timeout) or no try is left."""
+        if not self.backend.lost_race(exc) or self.backend.lock_waited(exc):
             raise exc
         self._causal = self._causal or self._causal_reads(True)
         lost = self._beaten_by(params)

@@ -144,6 +144,7 @@ _PROBES = {"SELECT": "SELECT 1 FROM {t} WHERE 1 = 0",
            "INSERT": "INSERT INTO {t} SELECT * FROM {t} WHERE 1 = 0",
            "UPDATE": "UPDATE {t} SET {c} = {c} WHERE 1 = 0"}
 _DENIED = {1142, 1143}
+_NO_TABLE = 1146
 
 
 def mysql_grants(conn: Connection, needed: dict[str, tuple[str, ...]]) -> Facts:
@@ -154,22 +155,31 @@ def mysql_grants(conn: Connection, needed: dict[str, tuple[str, ...]]) -> Facts:
     (MySQL has no has_table_privilege); and how many are there."""
     cur = conn.cursor()
     listed = ", ".join(f"'{table}'" for table in needed)
-    cur.execute("SELECT table_name, MIN(column_name) FROM information_schema.columns WHERE "
-                f"table_schema = DATABASE() AND table_name IN ({listed}) GROUP BY table_name")
+    try:
+        cur.execute("SELECT table_name, MIN(column_name) FROM information_schema.columns "
+                    f"WHERE table_schema = DATABASE() AND table_name IN ({listed}) "
+                    "GROUP BY table_name")
+    except Exception:  # a Galera node not ready, say: the session's findings say so
+        return {"grants_missing": None, "tables": 0, "grants_unsure": ""}
     tables = {str(table): str(column) for table, column in cur.fetchall()}
     missing, unsure = [], ""
     with suppress(Exception):  # a table another session locked: a second's wait, not ten
         cur.execute("SET SESSION lock_wait_timeout = 1, innodb_lock_wait_timeout = 1")
     try:
         cur.execute("START TRANSACTION")
-        for table, column in sorted(tables.items()):
-            for grant in needed[table]:
+        for table in sorted(needed) if tables else ():
+            # A table with no grant at all is not listed: its SELECT says whether it is there.
+            column = tables.get(table)
+            for grant in needed[table] if column else ("SELECT",):
                 try:
                     cur.execute(_PROBES[grant].format(t=f"`{table}`", c=f"`{column}`"))
                 except Exception as exc:
+                    if error_code(exc) == _NO_TABLE and not column:
+                        break
                     if error_code(exc) not in _DENIED:
                         raise
-                    missing.append(f"{grant} on {table}")
+                    missing += [f"{each} on {table}" for each in (
+                        (grant,) if column else needed[table])]
     except Exception as exc:
         unsure = describe(exc)
     finally:
