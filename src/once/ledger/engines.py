@@ -14,11 +14,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, event
+from sqlalchemy import Connection, Engine, event, select
 
 from once.ledger.dialects import of
-from once.ledger.records import VERSION_READ, readable_version
 from once.ledger.schema import engine_on
+from once.ledger.tables import meta
 from once.ledger.url import Target
 
 
@@ -69,7 +69,8 @@ def bind(target: Target, instant: datetime) -> datetime:
 
 def schema_version(conn: Connection) -> int:
     """The ledger's schema version (0 when it has none yet)."""
-    return readable_version(conn.exec_driver_sql(VERSION_READ).fetchall())
+    value = conn.execute(select(meta.c.value).where(meta.c.name == "schema_version")).scalar()
+    return int(value or 0)
 
 
 def db_now(conn: Connection, target: Target) -> datetime:

@@ -28,12 +28,10 @@ from once.ledger.gap_rows import LedgerRows
 from once.ledger.records import (
     LOCK_WAIT,
     SCHEMA_VERSION,
-    VERSION_READ,
     LedgerError,
     describe,
     lock_wait_said,
     newer_schema,
-    readable_version,
 )
 from once.ledger.rows import (
     JOB_COLUMNS,
@@ -65,6 +63,7 @@ class NoLedger(Exception):
 
 _RUN_COLUMNS = ", ".join(RUN_COLUMNS)
 
+SCHEMA_VERSION_READ = "SELECT value FROM once_meta WHERE name = 'schema_version'"
 JOBS = (f"SELECT {', '.join('{lag}' if c == 'lag' else c for c in JOB_COLUMNS)} "
         f"FROM once_jobs")
 DONE_COUNT = ("SELECT {i}, count(*) FROM once_runs WHERE job = %(j{i})s AND status = 'done' "
@@ -198,7 +197,8 @@ class Snapshot:
 
     def schema_version(self) -> int:
         """The ledger's schema version (0 when it has none yet)."""
-        return readable_version(self._read(VERSION_READ, {}))
+        rows = self._read(SCHEMA_VERSION_READ, {})
+        return int(rows[0][0] or 0) if rows else 0
 
     def db_now(self) -> datetime:
         """The database's clock, which wrote every heartbeat."""

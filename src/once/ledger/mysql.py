@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, cast
 
 from once.deadlines import lease_now
@@ -57,6 +58,7 @@ class MysqlLedger(Ledger):
     dialect = "mysql"
     # Open whenever a statement runs: each runs after connect() (None only while closed).
     _conn: MysqlConnection
+    _causal = False  # this claim's session reads causally (_causal_reads)
     HEARTBEAT_AGE = f"TIMESTAMPDIFF(MICROSECOND, heartbeat_at, {_MY_NOW}) / 1e6"
     FRESH = f"heartbeat_at >= {_MY_NOW} - INTERVAL ROUND(stale_after * 1000000) MICROSECOND"
 
@@ -285,12 +287,9 @@ class MysqlLedger(Ledger):
                 with suppress(Exception):  # a broken connection is replaced anyway
                     self._causal_reads(False)
 
-    _causal = False  # this claim's session reads causally (_causal_reads)
-
     def _lost_race(self, exc: Exception, params: Params, tries: int) -> Claim | None:
         """The claim that beat ours (a skip), or None: try again; exc again when it is no
-        lost race (a deadlock, Galera's certification; a lock wait is one past the patience,
-        as a read timeout) or no try is left."""
+        lost race (a deadlock, Galera's certification; not a lock wait) or no try is left."""
         if not self.backend.lost_race(exc) or self.backend.lock_waited(exc):
             raise exc
         self._causal = self._causal or self._causal_reads(True)
@@ -346,7 +345,8 @@ class MysqlLedger(Ledger):
 
     def _claim_in(self, cur: MysqlCursor, params: Params) -> Claim:
         if params["max_skew"]:
-            cur.execute(self.SKEW, params)
+            # This try's clock: a claim tried again behind a lock read it seconds ago.
+            cur.execute(self.SKEW, {**params, "host_now": self._time(datetime.now(UTC))})
             (db_minus_host,) = cast("Row", cur.fetchone())  # one row
             if abs(float(db_minus_host)) > params["max_skew"]:
                 raise skew_refusal(params, float(db_minus_host))

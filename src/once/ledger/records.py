@@ -11,7 +11,7 @@ driver is loaded to classify its errors.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Literal, TypeGuard
 
@@ -42,23 +42,6 @@ LOCK_WAIT = 60.0
 def lock_wait_said(lock: str, limit: float) -> str:
     """The words for a statement that gave up waiting on `lock`'s lock at `limit` seconds."""
     return f"waited on {lock}'s lock held by another session past {limit:g}s"
-
-
-# The ledger's schema version as a reader takes it: the stored one, or while an upgrade is
-# unfinished (MySQL commits each step on its own: one killed or refused half-way keeps
-# `upgrade_from`, once.ledger.upgrade) the one it began from, so that the reader finishes
-# it first. Read as the stored version alone, a half-upgraded ledger was taken for a whole
-# one: a report failed on a missing column, and a finish that named one was refused, the
-# period then run again (an outside attacker's finding).
-VERSION_READ = ("SELECT name, value FROM once_meta "
-                "WHERE name IN ('schema_version', 'upgrade_from')")
-
-
-def readable_version(rows: Iterable[Sequence[object]]) -> int:
-    """The version VERSION_READ's rows give (0: none yet); a newer one as stored."""
-    found = {str(name): int(str(value)) for name, value in rows}
-    version, begun = found.get("schema_version", 0), found.get("upgrade_from")
-    return version if begun is None or version > SCHEMA_VERSION else min(version, begun)
 
 
 def schema_gate(integer: str) -> str:
