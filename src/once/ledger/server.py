@@ -49,18 +49,27 @@ POSTGRES = {
     "hidden_standbys": "SELECT count(*) FROM pg_stat_replication WHERE state IS NULL",
 }
 # What every claim, result and lead writes (and every command reads), by table: a grant
-# missing makes each fire exit 75, whatever the server's settings. once_meta is read alone.
+# missing makes each fire exit 75, whatever the server's settings. once_meta is read alone;
+# a claim no synchronous standby confirmed is deleted, and so is a candidate that leaves.
 WRITTEN = ("once_jobs", "once_runs", "once_attempts", "once_leases", "once_lead_terms",
            "once_lead_candidates")
 NEEDED = {**{table: ("SELECT", "INSERT", "UPDATE") for table in WRITTEN},
+          "once_runs": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+          "once_lead_candidates": ("SELECT", "INSERT", "UPDATE", "DELETE"),
           "once_meta": ("SELECT",)}
 # The grants this user lacks on the tables that are there (`INSERT on once_runs, ...`; NULL:
-# none), and how many of once's tables are there (0: the first `once run` makes them).
+# none), those it holds on some columns alone (whether they cover what once writes is not
+# told), and how many of once's tables are there (0: the first `once run` makes them).
 _PAIRS = ", ".join(f"('{table}', '{grant}')" for table, grants in NEEDED.items()
                    for grant in grants)
-POSTGRES_GRANTS = ("SELECT string_agg(g || ' on ' || t, ', ' ORDER BY t, g) FILTER (WHERE NOT "
-                   "has_table_privilege(to_regclass(t), g)), count(DISTINCT t) "
-                   f"FROM (VALUES {_PAIRS}) AS needed (t, g) WHERE to_regclass(t) IS NOT NULL")
+_COLUMNS = ("CASE WHEN g = 'DELETE' THEN false "  # no column has DELETE
+            "ELSE has_any_column_privilege(to_regclass(t), g) END")
+POSTGRES_GRANTS = (
+    "SELECT string_agg(g || ' on ' || t, ', ' ORDER BY t, g) FILTER (WHERE NOT "
+    f"has_table_privilege(to_regclass(t), g) AND NOT {_COLUMNS}), "
+    "string_agg(g || ' on ' || t, ', ' ORDER BY t, g) FILTER (WHERE NOT "
+    f"has_table_privilege(to_regclass(t), g) AND {_COLUMNS}), count(DISTINCT t) "
+    f"FROM (VALUES {_PAIRS}) AS needed (t, g) WHERE to_regclass(t) IS NOT NULL")
 
 # Who a PostgreSQL server is: its cluster (a standby shares its primary's), and this
 # server's start, which tells one server named twice from two of one cluster; and whether a
@@ -159,7 +168,9 @@ def _postgres_facts(target: Target) -> Facts:
         cur = conn.cursor()
         facts = {name: scalar(cur, sql) for name, sql in POSTGRES.items()}
         cur.execute(POSTGRES_GRANTS)
-        facts["grants_missing"], facts["tables"] = cast("tuple[Any, ...]", cur.fetchone())
+        missing, partial, facts["tables"] = cast("tuple[Any, ...]", cur.fetchone())
+        facts["grants_missing"] = missing
+        facts["grants_unsure"] = partial and f"granted on some columns alone: {partial}"
         # The reports' rule (once.ledger.fleet.REPLAY_LAG): 0 while it streams and has
         # replayed all it received, else the age of the latest commit it replayed.
         standby = Snapshot(target, conn).standby()

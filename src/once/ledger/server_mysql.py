@@ -142,8 +142,9 @@ def _rows(cur: Cursor, statements: tuple[str, ...]) -> list[dict[str, Any]] | No
 # refusal by these codes is the grant missing (1142 a table's, 1143 a column's).
 _PROBES = {"SELECT": "SELECT 1 FROM {t} WHERE 1 = 0",
            "INSERT": "INSERT INTO {t} SELECT * FROM {t} WHERE 1 = 0",
-           "UPDATE": "UPDATE {t} SET {c} = {c} WHERE 1 = 0"}
-_DENIED = {1142, 1143}
+           "UPDATE": "UPDATE {t} SET {c} WHERE 1 = 0",
+           "DELETE": "DELETE FROM {t} WHERE 1 = 0"}
+_DENIED, _COLUMN_DENIED = 1142, 1143  # a table's grant missing; some column's
 _NO_TABLE = 1146
 
 
@@ -155,16 +156,17 @@ def mysql_grants(conn: Connection, needed: dict[str, tuple[str, ...]]) -> Facts:
     (MySQL has no has_table_privilege); and how many are there."""
     cur = conn.cursor()
     listed = ", ".join(f"'{table}'" for table in needed)
+    with suppress(Exception):  # a table another session locked: a second's wait, not ten
+        cur.execute("SET SESSION lock_wait_timeout = 1, innodb_lock_wait_timeout = 1, "
+                    "group_concat_max_len = 65536")
     try:
-        cur.execute("SELECT table_name, MIN(column_name) FROM information_schema.columns "
-                    f"WHERE table_schema = DATABASE() AND table_name IN ({listed}) "
-                    "GROUP BY table_name")
+        cur.execute("SELECT table_name, GROUP_CONCAT(CONCAT('`', column_name, '` = `', "
+                    "column_name, '`')) FROM information_schema.columns WHERE table_schema = "
+                    f"DATABASE() AND table_name IN ({listed}) GROUP BY table_name")
     except Exception:  # a Galera node not ready, say: the session's findings say so
         return {"grants_missing": None, "tables": 0, "grants_unsure": ""}
     tables = {str(table): str(column) for table, column in cur.fetchall()}
-    missing, unsure = [], ""
-    with suppress(Exception):  # a table another session locked: a second's wait, not ten
-        cur.execute("SET SESSION lock_wait_timeout = 1, innodb_lock_wait_timeout = 1")
+    missing, partial, unsure = [], [], ""
     try:
         cur.execute("START TRANSACTION")
         for table in sorted(needed) if tables else ():
@@ -172,16 +174,21 @@ def mysql_grants(conn: Connection, needed: dict[str, tuple[str, ...]]) -> Facts:
             column = tables.get(table)
             for grant in needed[table] if column else ("SELECT",):
                 try:
-                    cur.execute(_PROBES[grant].format(t=f"`{table}`", c=f"`{column}`"))
+                    cur.execute(_PROBES[grant].format(t=f"`{table}`", c=column))
                 except Exception as exc:
                     if error_code(exc) == _NO_TABLE and not column:
                         break
-                    if error_code(exc) not in _DENIED:
+                    if error_code(exc) == _COLUMN_DENIED:  # some columns': enough?
+                        partial.append(f"{grant} on {table}")
+                        continue
+                    if error_code(exc) != _DENIED:
                         raise
                     missing += [f"{each} on {table}" for each in (
                         (grant,) if column else needed[table])]
+        if partial:
+            unsure = f"granted on some columns alone: {', '.join(partial)}"
     except Exception as exc:
-        unsure = describe(exc)
+        unsure = f"a test write failed: {describe(exc)}"
     finally:
         with suppress(Exception):  # a connection the failure closed rolled back with it
             cur.execute("ROLLBACK")

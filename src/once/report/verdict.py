@@ -61,8 +61,8 @@ def grants(facts: Facts, _tail: int) -> Verdict | None:
     if missing:
         return Verdict(CRITICAL, "grants", f"this user lacks {missing}: every claim (or "
                        "lead) is refused, each fire exits 75; grant SELECT, INSERT and UPDATE "
-                       "on once's tables")
+                       "on once's tables, and DELETE on once_runs and once_lead_candidates")
     if facts.get("grants_unsure"):
         return Verdict(WARNING, "grants", "whether this user may write once's tables could "
-                       f"not be told: a test write failed ({facts['grants_unsure']})")
+                       f"not be told ({facts['grants_unsure']})")
     return Verdict(OK, "grants", "this user may read and write once's tables")
