@@ -9,6 +9,8 @@ import json
 import os
 import sqlite3
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -94,41 +96,56 @@ def test_a_sqlite_ledger_in_memory_is_critical(tmp_path: Path) -> None:
             leftover.unlink()
 
 
+@pytest.fixture
+def made(backend: Any, once_env: dict[str, str]) -> None:
+    """A server's ledger (PostgreSQL, MySQL) whose tables a first run has made."""
+    if backend.dialect == "sqlite":
+        pytest.skip("a SQLite file's permissions are the ledger topic's")
+    assert run_once("run", "--job", "j", "--every", "day", "--", "true",
+                    env=once_env).returncode == 0
+
+
+@contextmanager
+def _user_granted(ledger_url: str, grants: dict[str, str]) -> Iterator[str]:
+    """A user of its own on the ledger's server, granted `grants` (table: what, `*` for every
+    table of once's), its URL yielded; dropped at the block's end."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from ledger_sql import query
+
+    user = "once_g_" + uuid.uuid4().hex[:8]
+    if ledger_url.startswith("postgresql"):
+        schema = query(ledger_url, "SELECT current_schema()")[0][0]
+        granted = [f"CREATE ROLE {user} LOGIN", f"GRANT USAGE ON SCHEMA {schema} TO {user}",
+                   *(f"GRANT {what} ON {'ALL TABLES IN SCHEMA ' + schema if t == '*' else t} "
+                     f"TO {user}" for t, what in grants.items())]
+        dropped = [f"DROP OWNED BY {user}", f"DROP ROLE {user}"]
+    else:
+        database = urlsplit(ledger_url).path.lstrip("/")
+        granted = [f"CREATE USER '{user}'@'%'", *(
+            f"GRANT {what} ON `{database}`.{t} TO '{user}'@'%'" for t, what in grants.items())]
+        dropped = [f"DROP USER '{user}'@'%'"]
+    for sql in granted:
+        query(ledger_url, sql)
+    try:
+        parts = urlsplit(ledger_url)
+        yield urlunsplit(parts._replace(netloc=f"{user}@{parts.netloc.rpartition('@')[2]}"))
+    finally:
+        for sql in dropped:
+            query(ledger_url, sql)
+
+
+@pytest.mark.usefixtures("made")
 def test_a_user_that_may_only_read_the_tables_is_critical(backend: Any, ledger_url: str,
                                                           once_env: dict[str, str]) -> None:
     # `once doctor` said OK (MySQL: `the server accepts writes`) for a user granted SELECT
     # alone, whose every claim exits 75 (an attacker's finding): it now tries what claims
     # need on each of once's tables (PostgreSQL: has_table_privilege; MySQL: statements that
     # change nothing, rolled back) and names what is missing.
-    if backend.dialect == "sqlite":
-        pytest.skip("a SQLite file's permissions are the ledger topic's")
-    assert run_once("run", "--job", "j", "--every", "day", "--", "true",
-                    env=once_env).returncode == 0
-    from urllib.parse import urlsplit, urlunsplit
-
-    from ledger_sql import query
-
-    user = "once_ro_" + uuid.uuid4().hex[:8]
-    if backend.dialect == "postgresql":
-        schema = query(ledger_url, "SELECT current_schema()")[0][0]
-        granted = [f"CREATE ROLE {user} LOGIN", f"GRANT USAGE ON SCHEMA {schema} TO {user}",
-                   f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {user}"]
-        dropped = [f"DROP OWNED BY {user}", f"DROP ROLE {user}"]
-    else:
-        database = urlsplit(ledger_url).path.lstrip("/")
-        granted = [f"CREATE USER '{user}'@'%'", f"GRANT SELECT ON `{database}`.* TO '{user}'@'%'"]
-        dropped = [f"DROP USER '{user}'@'%'"]
-    for sql in granted:
-        query(ledger_url, sql)
-    try:
-        parts = urlsplit(ledger_url)
-        reader = urlunsplit(parts._replace(netloc=f"{user}@{parts.netloc.rpartition('@')[2]}"))
+    with _user_granted(ledger_url, {"*": "SELECT"}) as reader:
         env = {**once_env, "ONCE_DATABASE_URL": reader}
         doctor = run_once("doctor", env=env)
         claim = run_once("run", "--job", "k", "--every", "day", "--", "true", env=env)
-    finally:
-        for sql in dropped:
-            query(ledger_url, sql)
     assert claim.returncode == 75, claim.stderr  # what the verdict is about
     assert doctor.returncode == 2, doctor.stdout + doctor.stderr
     [line] = [line for line in doctor.stdout.splitlines() if " grants " in line]
@@ -139,6 +156,7 @@ def test_a_user_that_may_only_read_the_tables_is_critical(backend: Any, ledger_u
 
 
 @pytest.mark.parametrize("runs", ["none", "UPDATE (attempt)"])
+@pytest.mark.usefixtures("made")
 def test_a_user_without_the_grants_on_one_table_is_told(backend: Any, ledger_url: str,
                                                        once_env: dict[str, str],
                                                        runs: str) -> None:
@@ -147,41 +165,13 @@ def test_a_user_without_the_grants_on_one_table_is_told(backend: Any, ledger_url
     # updated passed it, and every claim's result was refused (an attacker's finding): a
     # grant on some columns alone is a WARNING (whether it covers once's writes is not
     # told), all columns updated by the probe.
-    if backend.dialect == "sqlite":
-        pytest.skip("a SQLite file's permissions are the ledger topic's")
-    from urllib.parse import urlsplit, urlunsplit
-
-    from ledger_sql import query
     from once.ledger.server import NEEDED
 
-    assert run_once("run", "--job", "j", "--every", "day", "--", "true",
-                    env=once_env).returncode == 0
-    user = "once_nr_" + uuid.uuid4().hex[:8]
-    others = [table for table in NEEDED if table != "once_runs"]
-    if backend.dialect == "postgresql":
-        schema = query(ledger_url, "SELECT current_schema()")[0][0]
-        granted = [f"CREATE ROLE {user} LOGIN", f"GRANT USAGE ON SCHEMA {schema} TO {user}",
-                   *(f"GRANT {', '.join(NEEDED[t])} ON {t} TO {user}" for t in others)]
-        if runs != "none":
-            granted.append(f"GRANT SELECT, INSERT, DELETE, {runs} ON once_runs TO {user}")
-        dropped = [f"DROP OWNED BY {user}", f"DROP ROLE {user}"]
-    else:
-        database = urlsplit(ledger_url).path.lstrip("/")
-        granted = [f"CREATE USER '{user}'@'%'", *(
-            f"GRANT {', '.join(NEEDED[t])} ON `{database}`.{t} TO '{user}'@'%'" for t in others)]
-        if runs != "none":
-            granted.append(f"GRANT SELECT, INSERT, DELETE, {runs} ON `{database}`.once_runs "
-                           f"TO '{user}'@'%'")
-        dropped = [f"DROP USER '{user}'@'%'"]
-    for sql in granted:
-        query(ledger_url, sql)
-    try:
-        parts = urlsplit(ledger_url)
-        reader = urlunsplit(parts._replace(netloc=f"{user}@{parts.netloc.rpartition('@')[2]}"))
+    grants = {t: ", ".join(what) for t, what in NEEDED.items() if t != "once_runs"}
+    if runs != "none":
+        grants["once_runs"] = f"SELECT, INSERT, DELETE, {runs}"
+    with _user_granted(ledger_url, grants) as reader:
         doctor = run_once("doctor", env={**once_env, "ONCE_DATABASE_URL": reader})
-    finally:
-        for sql in dropped:
-            query(ledger_url, sql)
     [line] = [line for line in doctor.stdout.splitlines() if " grants " in line]
     if runs != "none":
         assert doctor.returncode == 1, doctor.stdout + doctor.stderr
@@ -195,18 +185,15 @@ def test_a_user_without_the_grants_on_one_table_is_told(backend: Any, ledger_url
                                       "UPDATE on once_runs", "DELETE on once_runs"}, line
 
 
+@pytest.mark.usefixtures("made")
 def test_the_grants_behind_a_table_another_session_locked(backend: Any, ledger_url: str,
                                                           once_env: dict[str, str]) -> None:
     # MySQL learns the grants by statements that wait on a table's lock: the wait is a
     # second, and what it could not tell is a WARNING that says why (a read timeout had
     # broken the connection, and doctor exited 75 with `(0, '')`). PostgreSQL asks its
     # catalog, which the lock does not hold.
-    if backend.dialect == "sqlite":
-        pytest.skip("a SQLite file's permissions are the ledger topic's")
     from ledger_sql import tables_locked
 
-    assert run_once("run", "--job", "j", "--every", "day", "--", "true",
-                    env=once_env).returncode == 0
     with tables_locked(ledger_url, "once_attempts"):
         doctor = run_once("doctor", env=once_env)
     [line] = [line for line in doctor.stdout.splitlines() if " grants " in line]
