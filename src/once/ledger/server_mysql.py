@@ -142,7 +142,7 @@ def _rows(cur: Cursor, statements: tuple[str, ...]) -> list[dict[str, Any]] | No
 # refusal by these codes is the grant missing (1142 a table's, 1143 a column's).
 _PROBES = {"SELECT": "SELECT 1 FROM {t} WHERE 1 = 0",
            "INSERT": "INSERT INTO {t} SELECT * FROM {t} WHERE 1 = 0",
-           "UPDATE": "UPDATE {t} SET {c} WHERE 1 = 0",
+           "UPDATE": "UPDATE {t} SET {every} WHERE 1 = 0",  # `c` = `c`, each column
            "DELETE": "DELETE FROM {t} WHERE 1 = 0"}
 _DENIED, _COLUMN_DENIED = 1142, 1143  # a table's grant missing; some column's
 _NO_TABLE = 1146
@@ -165,18 +165,18 @@ def mysql_grants(conn: Connection, needed: dict[str, tuple[str, ...]]) -> Facts:
                     f"DATABASE() AND table_name IN ({listed}) GROUP BY table_name")
     except Exception:  # a Galera node not ready, say: the session's findings say so
         return {"grants_missing": None, "tables": 0, "grants_unsure": ""}
-    tables = {str(table): str(column) for table, column in cur.fetchall()}
+    tables = {str(table): str(every) for table, every in cur.fetchall()}
     missing, partial, unsure = [], [], ""
     try:
         cur.execute("START TRANSACTION")
         for table in sorted(needed) if tables else ():
             # A table with no grant at all is not listed: its SELECT says whether it is there.
-            column = tables.get(table)
-            for grant in needed[table] if column else ("SELECT",):
+            every = tables.get(table)
+            for grant in needed[table] if every else ("SELECT",):
                 try:
-                    cur.execute(_PROBES[grant].format(t=f"`{table}`", c=column))
+                    cur.execute(_PROBES[grant].format(t=f"`{table}`", every=every))
                 except Exception as exc:
-                    if error_code(exc) == _NO_TABLE and not column:
+                    if error_code(exc) == _NO_TABLE and not every:
                         break
                     if error_code(exc) == _COLUMN_DENIED:  # some columns': enough?
                         partial.append(f"{grant} on {table}")
@@ -184,7 +184,7 @@ def mysql_grants(conn: Connection, needed: dict[str, tuple[str, ...]]) -> Facts:
                     if error_code(exc) != _DENIED:
                         raise
                     missing += [f"{each} on {table}" for each in (
-                        (grant,) if column else needed[table])]
+                        (grant,) if every else needed[table])]
         if partial:
             unsure = f"granted on some columns alone: {', '.join(partial)}"
     except Exception as exc:
