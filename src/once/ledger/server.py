@@ -48,13 +48,12 @@ POSTGRES = {
     # cannot be told.
     "hidden_standbys": "SELECT count(*) FROM pg_stat_replication WHERE state IS NULL",
 }
-# What every claim, result and lead writes (and every command reads), by table: a grant
-# missing makes each fire exit 75, whatever the server's settings. once_meta is read alone;
-# a claim no synchronous standby confirmed is deleted, and so is a candidate that leaves.
+# What claims, results and leads write (and every command reads), by table: a grant missing
+# makes the fires that need it exit 75, whatever the server's settings. once_meta is read
+# alone; a candidate that leaves is deleted. (`once prune` deletes too: not a fire's.)
 WRITTEN = ("once_jobs", "once_runs", "once_attempts", "once_leases", "once_lead_terms",
            "once_lead_candidates")
 NEEDED = {**{table: ("SELECT", "INSERT", "UPDATE") for table in WRITTEN},
-          "once_runs": ("SELECT", "INSERT", "UPDATE", "DELETE"),
           "once_lead_candidates": ("SELECT", "INSERT", "UPDATE", "DELETE"),
           "once_meta": ("SELECT",)}
 # The grants this user lacks on the tables that are there (`INSERT on once_runs, ...`; NULL:

@@ -59,9 +59,9 @@ def grants(facts: Facts, _tail: int) -> Verdict | None:
         return None
     missing = facts.get("grants_missing")
     if missing:
-        return Verdict(CRITICAL, "grants", f"this user lacks {missing}: every claim (or "
-                       "lead) is refused, each fire exits 75; grant SELECT, INSERT and UPDATE "
-                       "on once's tables, and DELETE on once_runs and once_lead_candidates")
+        return Verdict(CRITICAL, "grants", f"this user lacks {missing}: the claims, results "
+                       "or leads that write there are refused (exit 75); grant SELECT, INSERT "
+                       "and UPDATE on once's tables, and DELETE on once_lead_candidates")
     if facts.get("grants_unsure"):
         return Verdict(WARNING, "grants", "whether this user may write once's tables could "
                        f"not be told ({facts['grants_unsure']})")
