@@ -11,6 +11,7 @@ import subprocess
 import termios
 import time
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 
 from helpers import ONCE
@@ -111,6 +112,16 @@ def children(pid: int, watchers: bool = False) -> list[int]:
                     watchers or not is_watcher(int(entry))):
                 found.append(int(entry))
     return found
+
+
+def guard_of(pid: int) -> int | None:
+    """The guard among pid's children, by its name (`once-guard`): a watcher caught between
+    its spawn and its exec is a copy of `once`, not yet a `sh` (CI, under load)."""
+    for child in children(pid):
+        with suppress(OSError):
+            if Path(f"/proc/{child}/comm").read_text().strip() == "once-guard":
+                return child
+    return None
 
 
 def is_watcher(pid: int) -> bool:

@@ -22,7 +22,7 @@ import pytest
 from child_log import DAY, day_key, stable_day
 from helpers import ONCE, run_once, wait_for
 from ledger_sql import placeholders, query
-from procs import alive, children, pid_namespace, reaped, start_once, stat
+from procs import alive, children, guard_of, pid_namespace, reaped, start_once, stat
 
 pytestmark = [pytest.mark.usefixtures("ledger_url"), pytest.mark.tables_made]
 
@@ -130,7 +130,7 @@ def test_a_stop_signal_after_the_command_exited_before_its_guard_said_so_is_not_
     once = start_once("run", "--job", "gone", *DAY, "--", "sh", "-c", _STOPS_ITS_GUARD,
                       env=env)
     try:
-        guard = wait_for(lambda: next(iter(children(once.pid)), None), what="the guard")
+        guard = wait_for(lambda: guard_of(once.pid), what="the guard")
         wait_for(lambda: _state(guard) == "T" and [_state(pid) for pid in children(guard)]
                  == ["Z"], what="the command to end, its guard stopped")
         # Asleep with the report's pipe empty: it has read the guard's `started`.
@@ -177,7 +177,7 @@ def test_what_a_command_left_in_its_group_gets_a_stop_signal_after_the_command_s
     # group is stopped by it, as it was when it counted as the command's (an outside
     # attacker's finding: the worker ran on after once had died of the signal).
     def at_the_end(once: subprocess.Popen[str], _worker: Path) -> None:
-        guard = wait_for(lambda: next(iter(children(once.pid)), None), what="the guard")
+        guard = wait_for(lambda: guard_of(once.pid), what="the guard")
         wait_for(lambda: _state(guard) == "T" and _waits(once.pid) and any(
             _state(pid) == "Z" for pid in children(guard)), what="the command to end")
         once.send_signal(signal.SIGTERM)
